@@ -1,0 +1,148 @@
+"""`vllm-edge <subcommand>`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from vllm_edge import doctor
+
+    return doctor.main(as_json=args.json)
+
+
+def _cmd_models_prepare(args: argparse.Namespace) -> int:
+    from vllm_edge.models import default
+    from vllm_edge.models.gguf_import import GgufImportError
+
+    try:
+        path = default.prepare(args.name, force=args.force)
+    except (default.ModelNotAvailable, GgufImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+def _cmd_models_import(args: argparse.Namespace) -> int:
+    from vllm_edge.models.gguf_import import GgufImportError, import_gguf
+
+    try:
+        path = import_gguf(args.file, args.out, force=args.force)
+    except GgufImportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+def _cmd_models_list(args: argparse.Namespace) -> int:
+    from vllm_edge.models import default
+
+    for key, m in default.MODELS.items():
+        path = default.prepared_dir(m)
+        state = "prepared" if (path / "config.json").exists() else "not prepared"
+        tag = " (default)" if key == default.DEFAULT else ""
+        print(f"{key}{tag}: {m.description}; package {m.package}; {state} at {path}")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from vllm_edge import chat
+    from vllm_edge.models.default import ModelNotAvailable
+    from vllm_edge.models.gguf_import import GgufImportError
+
+    try:
+        result = chat.run(
+            model=args.model, prompt=args.prompt, system=args.system or None,
+            max_tokens=args.max_tokens, max_model_len=args.max_model_len,
+            enforce_eager=args.enforce_eager, as_json=args.json,
+        )
+    except (ModelNotAvailable, GgufImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    chat.print_result(result, args.json)
+    return 0
+
+
+def _cmd_bench_aot(args: argparse.Namespace) -> int:
+    from vllm_edge.harness import aot_bench
+
+    result = aot_bench.run(model=args.model, starts=args.starts, out=args.out,
+                           cache_root=args.cache_root)
+    print(json.dumps(result["summary"], indent=2))
+    return 0 if result["summary"]["direct_load_on_warm_starts"] else 1
+
+
+def _cmd_bench_import(args: argparse.Namespace) -> int:
+    from vllm_edge.harness import import_cost
+
+    result = import_cost.run(reps=args.reps, out=args.out)
+    print(json.dumps(result["summary"], indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vllm-edge", description="vLLM on edge CPUs.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("doctor", help="versions, CPU features, patch states, problems")
+    d.add_argument("--json", action="store_true", help="machine-readable output")
+    d.set_defaults(func=_cmd_doctor)
+
+    m = sub.add_parser("models", help="prepare and import models")
+    msub = m.add_subparsers(dest="models_command", required=True)
+    mp = msub.add_parser("prepare", help="convert an embedded model (cached, idempotent)")
+    mp.add_argument("name", nargs="?", default="default", help="embedded model key, or 'default'")
+    mp.add_argument("--force", action="store_true", help="convert again even if cached")
+    mp.set_defaults(func=_cmd_models_prepare)
+    mi = msub.add_parser("import-gguf", help="convert a GGUF file into a bf16 safetensors directory")
+    mi.add_argument("file")
+    mi.add_argument("out")
+    mi.add_argument("--force", action="store_true", help="convert again even if OUT is up to date")
+    mi.set_defaults(func=_cmd_models_import)
+    ml = msub.add_parser("list", help="embedded models and whether they are prepared")
+    ml.set_defaults(func=_cmd_models_list)
+
+    r = sub.add_parser("run", help="load a model and answer one chat prompt")
+    r.add_argument("--model", default="default", help="'default', an embedded key, or a model directory")
+    r.add_argument("--prompt", default=None, help="user message (default: the capital of France)")
+    r.add_argument("--system", default=None, help="system message ('' for none)")
+    r.add_argument("--max-tokens", type=int, default=64)
+    r.add_argument("--max-model-len", type=int, default=2048)
+    r.add_argument("--enforce-eager", action="store_true", help="skip torch.compile")
+    r.add_argument("--json", action="store_true", help="print one JSON object")
+    r.set_defaults(func=_cmd_run)
+
+    b = sub.add_parser("bench", help="benchmarks (results go to benchmarks/results/)")
+    bsub = b.add_subparsers(dest="bench_command", required=True)
+    ba = bsub.add_parser("aot-cache", help="cold vs warm starts on one VLLM_CACHE_ROOT")
+    ba.add_argument("--model", default="default")
+    ba.add_argument("--starts", type=int, default=3, help="1 cold start, then warm starts")
+    ba.add_argument("--cache-root", default=None, help="compile cache root (default: a fresh temp dir)")
+    ba.add_argument("--out", default="benchmarks/results/aot_cache.json")
+    ba.set_defaults(func=_cmd_bench_aot)
+    bi = bsub.add_parser("plugin-import", help="what the plugin adds to vLLM's import and plugin load")
+    bi.add_argument("--reps", type=int, default=5)
+    bi.add_argument("--out", default="benchmarks/results/plugin_import.json")
+    bi.set_defaults(func=_cmd_bench_import)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "prompt", "x") is None:
+        from vllm_edge.chat import DEFAULT_PROMPT
+
+        args.prompt = DEFAULT_PROMPT
+    if getattr(args, "system", "x") is None:
+        from vllm_edge.chat import DEFAULT_SYSTEM
+
+        args.system = DEFAULT_SYSTEM
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

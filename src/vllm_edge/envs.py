@@ -1,0 +1,133 @@
+"""Every environment variable vllm-edge reads, declared once.
+
+Each entry carries its type, default, meaning and the evidence for the default.
+`tests/test_envs.py` fails on any environment access in `src/` whose name is
+not declared here, and on any declared name missing from docs/configuration.md.
+
+Read values through :func:`get`; never through ``os.environ`` elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    type: str  # "bool" | "int" | "str" | "path" | "json"
+    default: Any
+    meaning: str
+    evidence: str
+    # "vllm-edge" for our own switches; otherwise the project that owns the name.
+    owner: str = "vllm-edge"
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+DECLARED: dict[str, EnvVar] = {}
+
+
+def _declare(*args: Any, **kwargs: Any) -> None:
+    var = EnvVar(*args, **kwargs)
+    if var.name in DECLARED:
+        raise RuntimeError(f"environment variable {var.name} declared twice")
+    DECLARED[var.name] = var
+
+
+# --- our own switches -------------------------------------------------------
+_declare(
+    "VLLM_EDGE_HOME", "path", "~/.cache/vllm-edge",
+    "Cache directory for prepared and quantized models.",
+    "Follows the XDG cache convention that vLLM and Hugging Face use.",
+)
+_declare(
+    "VLLM_EDGE_PATCH_AOT_CACHE", "bool", True,
+    "Apply the CPU AOT compile-cache load fix (patches/aot_cache.py).",
+    "benchmarks/results/aot_cache.json: the second start loads the cached "
+    "artifact and compiles nothing instead of recompiling every start.",
+)
+_declare(
+    "VLLM_EDGE_LOG_LEVEL", "str", "INFO",
+    "Log level of the vllm_edge logger.",
+    "INFO shows patch states once per process, which is what a user needs to "
+    "see that the plugin is active.",
+)
+_declare(
+    "VLLM_EDGE_PATCH_TARGET_OVERRIDE", "json", None,
+    "JSON object {patch_name: 'module:qualname'} that re-points patches at other "
+    "targets. For testing that a missing target is reported loudly; not for users.",
+    "Used by tests/test_doctor.py to prove `doctor` exits non-zero on a missing target.",
+)
+
+# --- names owned by other projects that we read -----------------------------
+_declare(
+    "VLLM_CACHE_ROOT", "path", "~/.cache/vllm",
+    "vLLM's cache root; its torch_compile_cache holds the AOT artifacts.",
+    "vLLM's own default.", owner="vllm",
+)
+_declare(
+    "VLLM_ENABLE_V1_MULTIPROCESSING", "bool", True,
+    "vLLM runs the engine core in a separate process when true.",
+    "vLLM's own default.", owner="vllm",
+)
+_declare(
+    "VLLM_PLUGINS", "str", None,
+    "Comma list of vLLM plugins to load; unset loads all. Used by the import-cost "
+    "benchmark to run vLLM without our plugin.",
+    "vLLM's own default.", owner="vllm",
+)
+
+
+def _coerce(var: EnvVar, raw: str) -> Any:
+    if var.type == "bool":
+        low = raw.strip().lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ValueError(f"{var.name}={raw!r}: expected one of 1/0/true/false/yes/no/on/off")
+    if var.type == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"{var.name}={raw!r}: expected an integer") from None
+    if var.type == "path":
+        return Path(raw).expanduser()
+    if var.type == "json":
+        import json
+
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{var.name}: invalid JSON ({exc})") from None
+    return raw
+
+
+def get(name: str) -> Any:
+    """The typed value of a declared variable, or its default."""
+    var = DECLARED[name]  # KeyError: undeclared names are a bug
+    raw = os.environ.get(name)
+    if raw is None:
+        if var.type == "path" and var.default is not None:
+            return Path(var.default).expanduser()
+        return var.default
+    return _coerce(var, raw)
+
+
+def is_set(name: str) -> bool:
+    DECLARED[name]
+    return name in os.environ
+
+
+def in_effect() -> dict[str, str]:
+    """Declared variables that are set in this process, with their raw values."""
+    return {name: os.environ[name] for name in sorted(DECLARED) if name in os.environ}
+
+
+def home() -> Path:
+    return get("VLLM_EDGE_HOME")

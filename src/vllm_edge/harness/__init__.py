@@ -1,0 +1,1 @@
+"""Measurement harness: benchmarks, memory, provenance."""

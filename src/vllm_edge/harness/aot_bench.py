@@ -1,0 +1,142 @@
+"""`vllm-edge bench aot-cache`: cold start, then warm starts, on one VLLM_CACHE_ROOT.
+
+Each start is a fresh `vllm-edge run --json` process. We record vLLM's own
+"init engine ... took" figure, our ready time from process start, what the log
+says about the AOT artifact, and the worker's compilation counters (which
+prove a warm start compiled nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from vllm_edge import atomic
+from vllm_edge.harness import provenance
+
+DIRECT_LOAD = "Directly load AOT compilation"
+LOAD_FAILURE = "Compiling model again due to a load failure"
+SAVED = "saved AOT compiled function"
+INIT_RE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
+
+
+def parse_start_log(stderr: str) -> dict[str, Any]:
+    m = INIT_RE.search(stderr)
+    return {
+        "init_engine_s": float(m.group(1)) if m else None,
+        "direct_aot_load": DIRECT_LOAD in stderr,
+        "aot_load_failure": LOAD_FAILURE in stderr,
+        "aot_saved": SAVED in stderr,
+        "load_failure_reasons": re.findall(rf"{LOAD_FAILURE} from \S+, reason: (.*)", stderr),
+    }
+
+
+def last_json_line(stdout: str) -> dict[str, Any]:
+    for line in reversed(stdout.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    raise ValueError("no JSON object line in the output")
+
+
+def one_start(model: str, cache_root: Path, extra_env: dict[str, str] | None = None,
+              timeout: float = 900) -> dict[str, Any]:
+    env = dict(os.environ, VLLM_CACHE_ROOT=str(cache_root))
+    env.update(extra_env or {})
+    cmd = [sys.executable, "-m", "vllm_edge.cli", "run", "--json", "--model", model, "--max-tokens", "16"]
+    t0 = time.time()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    wall = time.time() - t0
+    rec: dict[str, Any] = {"wall_s": round(wall, 2), "returncode": proc.returncode}
+    log = proc.stdout + proc.stderr  # vLLM logs to stdout
+    rec.update(parse_start_log(log))
+    if proc.returncode != 0:
+        rec["stderr_tail"] = proc.stderr[-3000:]
+        return rec
+    out = last_json_line(proc.stdout)
+    worker = out["worker"][0]
+    counter = worker.get("compilation_counter") or {}
+    rec.update({
+        "ready_s": out["ready_s"],
+        "answer": out["answer"],
+        "main_pid": out["pid"],
+        "worker_pid": worker["pid"],
+        "worker_patches": worker["patches"],
+        "aot_noop_attached": worker["aot_noop_attached"],
+        "num_aot_compiles": counter.get("num_aot_compiles"),
+        "num_inductor_compiles": counter.get("num_inductor_compiles"),
+        "num_aot_artifacts_loaded": counter.get("num_aot_artifacts_loaded"),
+        "peak_tree_rss_anon_mb": out["peak_tree_rss_anon_mb"],
+    })
+    return rec
+
+
+def run(model: str = "default", starts: int = 3, out: str | None = None,
+        cache_root: str | None = None, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+    if starts < 2:
+        raise ValueError("need at least 2 starts: one cold, one warm")
+    tmp = None
+    if cache_root is None:
+        tmp = tempfile.TemporaryDirectory(prefix="vllm-edge-aot-")
+        cache_root = tmp.name
+    root = Path(cache_root)
+    records = []
+    for i in range(starts):
+        rec = one_start(model, root, extra_env)
+        rec["start"] = i
+        rec["kind"] = "cold" if i == 0 else "warm"
+        records.append(rec)
+        print(f"[aot-cache] start {i} ({rec['kind']}): init {rec.get('init_engine_s')} s, "
+              f"ready {rec.get('ready_s')} s, direct load {rec['direct_aot_load']}", file=sys.stderr)
+    ok = [r for r in records if r["returncode"] == 0]
+    cold = records[0]
+    warm = [r for r in records[1:] if r["returncode"] == 0]
+    warm_init = sorted(r["init_engine_s"] for r in warm if r["init_engine_s"] is not None)
+    warm_ready = sorted(r["ready_s"] for r in warm)
+    summary = {
+        "cold_init_engine_s": cold.get("init_engine_s"),
+        "warm_init_engine_s_median": warm_init[len(warm_init) // 2] if warm_init else None,
+        "cold_ready_s": cold.get("ready_s"),
+        "warm_ready_s_median": warm_ready[len(warm_ready) // 2] if warm_ready else None,
+        "direct_load_on_warm_starts": bool(warm) and all(r["direct_aot_load"] for r in warm),
+        "warm_starts_compiled_nothing": bool(warm) and all(
+            r["num_aot_compiles"] == 0 and r["num_inductor_compiles"] == 0
+            and r["num_aot_artifacts_loaded"] == 1 for r in warm
+        ),
+        "failed_starts": len(records) - len(ok),
+    }
+    if summary["cold_init_engine_s"] and summary["warm_init_engine_s_median"]:
+        summary["init_ratio_warm_over_cold"] = round(
+            summary["warm_init_engine_s_median"] / summary["cold_init_engine_s"], 3)
+    if summary["cold_ready_s"] and summary["warm_ready_s_median"]:
+        summary["ready_ratio_warm_over_cold"] = round(
+            summary["warm_ready_s_median"] / summary["cold_ready_s"], 3)
+    result = {
+        "benchmark": "aot-cache",
+        "summary": summary,
+        "starts": records,
+        "provenance": provenance.collect(model=_model_dir(model), extra={"cache_root": str(root)}),
+    }
+    if out:
+        atomic.write_json(out, result)
+    if tmp is not None:
+        tmp.cleanup()
+    return result
+
+
+def _model_dir(model: str) -> str | None:
+    from vllm_edge.models import default
+
+    if model == "default" or model in default.MODELS:
+        return str(default.prepared_dir(default.resolve_key(model)))
+    return model

@@ -1,0 +1,116 @@
+"""Process-tree memory and timing from /proc.
+
+Memory is RssAnon summed over the whole process tree. VmRSS counts page-cache
+pages of the mmap'd checkpoint and vLLM keeps weights in a worker process, so
+reading only our own VmRSS measures the wrong thing.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+def rss_anon_kb(pid: int) -> int | None:
+    """RssAnon of one process in kB, or None when it has exited."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return 0  # kernel threads have no RssAnon line
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    kids.extend(int(x) for x in f.read().split())
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return kids
+
+
+def process_tree(root_pid: int | None = None) -> list[int]:
+    """The root and all of its descendants, rescanned on every call."""
+    root_pid = os.getpid() if root_pid is None else root_pid
+    seen, stack = [], [root_pid]
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.append(pid)
+        stack.extend(_children(pid))
+    return seen
+
+
+def tree_rss_anon_mb(root_pid: int | None = None) -> tuple[float, int]:
+    """(RssAnon summed over the tree in MB, number of live processes)."""
+    total, n = 0, 0
+    for pid in process_tree(root_pid):
+        kb = rss_anon_kb(pid)
+        if kb is not None:
+            total += kb
+            n += 1
+    return total / 1024.0, n
+
+
+def process_start_epoch(pid: int | None = None) -> float:
+    """When the kernel created the process (seconds since the epoch), so that
+    interpreter start-up and imports count in a ready time."""
+    pid = os.getpid() if pid is None else pid
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    # Field 22 (starttime, clock ticks after boot); comm may contain spaces.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    start_ticks = int(fields[19])
+    with open("/proc/stat") as f:
+        btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+    return btime + start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class TreeSampler:
+    """Samples tree RssAnon every ``interval`` seconds in a daemon thread."""
+
+    root_pid: int = field(default_factory=os.getpid)
+    interval: float = 0.02
+    peak_mb: float = 0.0
+    peak_procs: int = 0
+    samples: list[tuple[float, float, int]] = field(default_factory=list)
+    keep_samples: bool = False
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+    def sample(self) -> float:
+        mb, n = tree_rss_anon_mb(self.root_pid)
+        if mb > self.peak_mb:
+            self.peak_mb = mb
+        self.peak_procs = max(self.peak_procs, n)
+        if self.keep_samples:
+            self.samples.append((time.time(), mb, n))
+        return mb
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def __enter__(self) -> "TreeSampler":
+        self.sample()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.sample()

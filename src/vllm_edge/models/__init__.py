@@ -1,0 +1,1 @@
+"""Models: the embedded default model, GGUF import, synthetic checkpoints."""

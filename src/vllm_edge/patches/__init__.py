@@ -1,0 +1,131 @@
+"""Guarded, self-reporting patches for upstream bugs.
+
+A patch replaces one attribute on a vLLM or torch object to work around a bug
+of the pinned vLLM release. Each patch module defines ``PATCH`` (a
+:class:`Patch`). Applying it ends in exactly one :class:`State`, recorded once
+per process and never changed afterwards:
+
+- ``applied``: the attribute was replaced;
+- ``fixed-upstream``: the bug is gone, nothing was done;
+- ``disabled``: its env switch is off;
+- ``target-missing``: the target does not exist. Logged as a WARNING; `doctor`
+  exits non-zero. This is the state that catches a patch that would otherwise
+  silently become a no-op after a vLLM upgrade.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from vllm_edge import envs
+
+logger = logging.getLogger("vllm_edge.patches")
+
+# Patch modules, in application order.
+PATCH_MODULES: tuple[str, ...] = ("aot_cache",)
+
+
+class State(str, enum.Enum):
+    APPLIED = "applied"
+    FIXED_UPSTREAM = "fixed-upstream"
+    DISABLED = "disabled"
+    TARGET_MISSING = "target-missing"
+
+
+@dataclass
+class Patch:
+    name: str
+    target: str  # "module:qualname"
+    reason: str  # the upstream behaviour worked around
+    fixed_when: str  # how we tell that upstream has fixed it
+    env_switch: str  # declared in envs.py, bool, default on
+    # (owner, attr_name, current_value) -> True when the bug is gone upstream.
+    is_fixed_upstream: Callable[[Any, str, Any], bool]
+    # (owner, attr_name, current_value) -> replacement value.
+    make_replacement: Callable[[Any, str, Any], Any]
+    state: State | None = field(default=None, init=False)
+    detail: str = field(default="", init=False)
+    original: Any = field(default=None, init=False, repr=False)
+
+    def describe(self) -> dict[str, str]:
+        return {
+            "name": self.name,
+            "target": self.target,
+            "state": self.state.value if self.state else "not-loaded",
+            "detail": self.detail,
+            "reason": self.reason,
+            "fixed_when": self.fixed_when,
+            "env_switch": self.env_switch,
+        }
+
+
+def resolve(target: str) -> tuple[Any, str, Any]:
+    """``module:a.b.c`` -> (object holding c, "c", current value). Raises LookupError."""
+    if ":" not in target:
+        raise LookupError(f"target {target!r} is not of the form module:qualname")
+    mod_name, qualname = target.split(":", 1)
+    try:
+        owner: Any = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise LookupError(f"module {mod_name} cannot be imported: {exc}") from None
+    parts = qualname.split(".")
+    for part in parts[:-1]:
+        if not hasattr(owner, part):
+            raise LookupError(f"{mod_name} has no attribute path {qualname}")
+        owner = getattr(owner, part)
+    if not hasattr(owner, parts[-1]):
+        raise LookupError(f"{mod_name} has no attribute path {qualname}")
+    return owner, parts[-1], getattr(owner, parts[-1])
+
+
+_lock = threading.Lock()
+_loaded: dict[str, Patch] = {}
+
+
+def _apply(patch: Patch) -> None:
+    overrides = envs.get("VLLM_EDGE_PATCH_TARGET_OVERRIDE") or {}
+    if patch.name in overrides:
+        patch.target = str(overrides[patch.name])
+    if not envs.get(patch.env_switch):
+        patch.state, patch.detail = State.DISABLED, f"{patch.env_switch}=0"
+        return
+    try:
+        owner, attr, current = resolve(patch.target)
+    except LookupError as exc:
+        patch.state, patch.detail = State.TARGET_MISSING, str(exc)
+        logger.warning(
+            "vllm-edge patch %r: target %s is missing (%s). The workaround is NOT "
+            "active; run `vllm-edge doctor`.", patch.name, patch.target, exc,
+        )
+        return
+    if patch.is_fixed_upstream(owner, attr, current):
+        patch.state, patch.detail = State.FIXED_UPSTREAM, patch.fixed_when
+        return
+    patch.original = current
+    setattr(owner, attr, patch.make_replacement(owner, attr, current))
+    patch.state = State.APPLIED
+
+
+def load_all() -> list[Patch]:
+    """Apply every patch once per process; later calls return the same states."""
+    with _lock:
+        for mod_name in PATCH_MODULES:
+            if mod_name in _loaded:
+                continue
+            module = importlib.import_module(f"{__name__}.{mod_name}")
+            patch: Patch = module.PATCH
+            _apply(patch)
+            _loaded[mod_name] = patch
+            if patch.state is not State.TARGET_MISSING:
+                logger.debug("vllm-edge patch %s: %s", patch.name, patch.state.value)
+        return [_loaded[m] for m in PATCH_MODULES]
+
+
+def states() -> dict[str, str]:
+    """Patch name -> state for patches loaded in this process."""
+    return {p.name: p.state.value for p in _loaded.values() if p.state is not None}

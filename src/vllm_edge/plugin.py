@@ -1,0 +1,87 @@
+"""The only entry point vLLM calls (``vllm.general_plugins``).
+
+vLLM calls :func:`register` in every process it starts: the API server, the
+engine core and each worker. It must be cheap, re-entrant and idempotent:
+patches are applied once per process and their states never change after.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+_lock = threading.Lock()
+_registered_pid: int | None = None
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A use of a real vLLM extension point (not a patch)."""
+
+    name: str
+    kind: str  # e.g. "quantization_config", "ir_impl", "custom_op"
+    target: str
+    state: str  # "registered" | "skipped: <why>"
+
+
+_registrations: list[Registration] = []
+
+
+def _setup_logging() -> None:
+    from vllm_edge import envs
+
+    log = logging.getLogger("vllm_edge")
+    if log.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        logging.Formatter("%(levelname)s %(asctime)s [vllm-edge pid=%(process)d] %(message)s", "%m-%d %H:%M:%S")
+    )
+    log.addHandler(handler)
+    log.setLevel(str(envs.get("VLLM_EDGE_LOG_LEVEL")).upper())
+    log.propagate = False
+
+
+def register() -> None:
+    global _registered_pid
+    with _lock:
+        if _registered_pid == os.getpid():
+            return
+        _setup_logging()
+        from vllm_edge import patches
+
+        loaded = patches.load_all()
+        _registered_pid = os.getpid()
+    logging.getLogger("vllm_edge").info(
+        "plugin loaded: patches %s",
+        ", ".join(f"{p.name}={p.state.value}" for p in loaded),
+    )
+
+
+def registrations() -> list[Registration]:
+    return list(_registrations)
+
+
+def process_report() -> dict:
+    """What the plugin did in this process; workers return it over collective_rpc."""
+    from vllm_edge import patches
+    from vllm_edge.patches import aot_cache
+
+    report = {
+        "pid": os.getpid(),
+        "registered": _registered_pid == os.getpid(),
+        "patches": patches.states(),
+        "aot_noop_attached": list(aot_cache.attached),
+        "registrations": [r.name for r in _registrations],
+    }
+    try:  # proves "compiled nothing" vs "loaded the cached artifact"
+        from dataclasses import asdict
+
+        from vllm.compilation.counter import compilation_counter
+
+        report["compilation_counter"] = asdict(compilation_counter)
+    except ImportError:
+        report["compilation_counter"] = None
+    return report

@@ -1,0 +1,1 @@
+"""Edge levers: hardware probe, threads, memory release, KV pricing, weight path."""

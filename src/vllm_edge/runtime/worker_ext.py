@@ -1,0 +1,11 @@
+"""Worker extension (vLLM's ``worker_extension_cls``): lets the driver ask a
+worker process what the plugin did there, through ``collective_rpc``."""
+
+from __future__ import annotations
+
+
+class EdgeWorkerExtension:
+    def vllm_edge_report(self) -> dict:
+        from vllm_edge import plugin
+
+        return plugin.process_report()

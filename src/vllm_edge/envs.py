@@ -52,6 +52,17 @@ _declare(
     "artifact and compiles nothing instead of recompiling every start.",
 )
 _declare(
+    "VLLM_EDGE_PATCH_KV_BUDGET", "bool", True,
+    "Let an explicit kv_cache_memory_bytes win over VLLM_CPU_KVCACHE_SPACE (patches/kv_budget.py).",
+    "tests/test_engine_levers.py: with VLLM_CPU_KVCACHE_SPACE=1 set, the KV tokens vLLM "
+    "allocates follow the explicit budget only when the patch is on.",
+)
+_declare(
+    "VLLM_EDGE_PATCH_ARENA_RELEASE", "bool", True,
+    "Return freed heap to the OS after the worker's load_model and warm-up (patches/arena_release.py).",
+    "tests/test_engine_levers.py and benchmarks/results/: RssAnon of the worker before and after.",
+)
+_declare(
     "VLLM_EDGE_LOG_LEVEL", "str", "INFO",
     "Log level of the vllm_edge logger.",
     "INFO shows patch states once per process, which is what a user needs to "
@@ -80,6 +91,14 @@ _declare(
     "Comma list of vLLM plugins to load; unset loads all. Used by the import-cost "
     "benchmark to run vLLM without our plugin.",
     "vLLM's own default.", owner="vllm",
+)
+
+_declare(
+    "OMP_NUM_THREADS", "int", None,
+    "OpenMP thread count. `bench speed` sets it to the size of its core set before "
+    "torch or vLLM is imported, and records it.",
+    "vLLM's CPU worker binds one OpenMP thread per allowed core anyway; setting it "
+    "keeps the main process's pool the same size.", owner="openmp",
 )
 
 

@@ -53,6 +53,9 @@ def register() -> None:
         from vllm_edge import patches
 
         loaded = patches.load_all()
+        from vllm_edge import quant
+
+        quant.register()
         _registered_pid = os.getpid()
     logging.getLogger("vllm_edge").info(
         "plugin loaded: patches %s",
@@ -68,12 +71,14 @@ def process_report() -> dict:
     """What the plugin did in this process; workers return it over collective_rpc."""
     from vllm_edge import patches
     from vllm_edge.patches import aot_cache
+    from vllm_edge.runtime import memory
 
     report = {
         "pid": os.getpid(),
         "registered": _registered_pid == os.getpid(),
         "patches": patches.states(),
         "aot_noop_attached": list(aot_cache.attached),
+        "arena_releases": [r.to_dict() for r in memory.history],
         "registrations": [r.name for r in _registrations],
     }
     try:  # proves "compiled nothing" vs "loaded the cached artifact"

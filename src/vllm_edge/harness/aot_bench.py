@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -82,7 +83,10 @@ def one_start(model: str, cache_root: Path, extra_env: dict[str, str] | None = N
 
 
 def run(model: str = "default", starts: int = 3, out: str | None = None,
-        cache_root: str | None = None, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+        cache_root: str | None = None, extra_env: dict[str, str] | None = None,
+        unpatched: bool = True) -> dict[str, Any]:
+    """``starts`` patched starts (1 cold, then warm), then, if ``unpatched``, one more
+    start on the same warm cache with the patch disabled: stock vLLM's behaviour."""
     if starts < 2:
         raise ValueError("need at least 2 starts: one cold, one warm")
     tmp = None
@@ -93,28 +97,36 @@ def run(model: str = "default", starts: int = 3, out: str | None = None,
     records = []
     for i in range(starts):
         rec = one_start(model, root, extra_env)
-        rec["start"] = i
-        rec["kind"] = "cold" if i == 0 else "warm"
+        rec["start"], rec["kind"] = i, ("cold" if i == 0 else "warm")
         records.append(rec)
         print(f"[aot-cache] start {i} ({rec['kind']}): init {rec.get('init_engine_s')} s, "
               f"ready {rec.get('ready_s')} s, direct load {rec['direct_aot_load']}", file=sys.stderr)
-    ok = [r for r in records if r["returncode"] == 0]
+    stock = None
+    if unpatched:
+        stock = one_start(model, root, {**(extra_env or {}), "VLLM_EDGE_PATCH_AOT_CACHE": "0"})
+        stock["start"], stock["kind"] = starts, "warm cache, patch disabled"
+        print(f"[aot-cache] unpatched start: init {stock.get('init_engine_s')} s, "
+              f"load failure {stock['aot_load_failure']}", file=sys.stderr)
     cold = records[0]
     warm = [r for r in records[1:] if r["returncode"] == 0]
-    warm_init = sorted(r["init_engine_s"] for r in warm if r["init_engine_s"] is not None)
-    warm_ready = sorted(r["ready_s"] for r in warm)
+    warm_init = [r["init_engine_s"] for r in warm if r["init_engine_s"] is not None]
+    warm_ready = [r["ready_s"] for r in warm]
     summary = {
         "cold_init_engine_s": cold.get("init_engine_s"),
-        "warm_init_engine_s_median": warm_init[len(warm_init) // 2] if warm_init else None,
+        "warm_init_engine_s_median": statistics.median(warm_init) if warm_init else None,
         "cold_ready_s": cold.get("ready_s"),
-        "warm_ready_s_median": warm_ready[len(warm_ready) // 2] if warm_ready else None,
+        "warm_ready_s_median": statistics.median(warm_ready) if warm_ready else None,
         "direct_load_on_warm_starts": bool(warm) and all(r["direct_aot_load"] for r in warm),
         "warm_starts_compiled_nothing": bool(warm) and all(
             r["num_aot_compiles"] == 0 and r["num_inductor_compiles"] == 0
             and r["num_aot_artifacts_loaded"] == 1 for r in warm
         ),
-        "failed_starts": len(records) - len(ok),
+        "failed_starts": sum(r["returncode"] != 0 for r in records + ([stock] if stock else [])),
+        "unpatched_init_engine_s": stock.get("init_engine_s") if stock else None,
+        "unpatched_recompiled": stock["aot_load_failure"] if stock else None,
     }
+    if stock:
+        records.append(stock)
     if summary["cold_init_engine_s"] and summary["warm_init_engine_s_median"]:
         summary["init_ratio_warm_over_cold"] = round(
             summary["warm_init_engine_s_median"] / summary["cold_init_engine_s"], 3)

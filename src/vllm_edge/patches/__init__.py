@@ -27,7 +27,7 @@ from vllm_edge import envs
 logger = logging.getLogger("vllm_edge.patches")
 
 # Patch modules, in application order.
-PATCH_MODULES: tuple[str, ...] = ("aot_cache",)
+PATCH_MODULES: tuple[str, ...] = ("aot_cache", "kv_budget", "arena_release")
 
 
 class State(str, enum.Enum):
@@ -40,7 +40,7 @@ class State(str, enum.Enum):
 @dataclass
 class Patch:
     name: str
-    target: str  # "module:qualname"
+    target: str | tuple[str, ...]  # "module:qualname", or several replaced together
     reason: str  # the upstream behaviour worked around
     fixed_when: str  # how we tell that upstream has fixed it
     env_switch: str  # declared in envs.py, bool, default on
@@ -52,10 +52,14 @@ class Patch:
     detail: str = field(default="", init=False)
     original: Any = field(default=None, init=False, repr=False)
 
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return (self.target,) if isinstance(self.target, str) else tuple(self.target)
+
     def describe(self) -> dict[str, str]:
         return {
             "name": self.name,
-            "target": self.target,
+            "target": ", ".join(self.targets),
             "state": self.state.value if self.state else "not-loaded",
             "detail": self.detail,
             "reason": self.reason,
@@ -90,24 +94,29 @@ _loaded: dict[str, Patch] = {}
 def _apply(patch: Patch) -> None:
     overrides = envs.get("VLLM_EDGE_PATCH_TARGET_OVERRIDE") or {}
     if patch.name in overrides:
-        patch.target = str(overrides[patch.name])
+        patch.target = overrides[patch.name] if isinstance(overrides[patch.name], str) else tuple(overrides[patch.name])
     if not envs.get(patch.env_switch):
         patch.state, patch.detail = State.DISABLED, f"{patch.env_switch}=0"
         return
-    try:
-        owner, attr, current = resolve(patch.target)
-    except LookupError as exc:
-        patch.state, patch.detail = State.TARGET_MISSING, str(exc)
-        logger.warning(
-            "vllm-edge patch %r: target %s is missing (%s). The workaround is NOT "
-            "active; run `vllm-edge doctor`.", patch.name, patch.target, exc,
-        )
-        return
-    if patch.is_fixed_upstream(owner, attr, current):
+    resolved = []
+    for target in patch.targets:  # all or nothing: a half-applied patch is worse than none
+        try:
+            resolved.append(resolve(target))
+        except LookupError as exc:
+            patch.state, patch.detail = State.TARGET_MISSING, str(exc)
+            logger.warning(
+                "vllm-edge patch %r: target %s is missing (%s). The workaround is NOT "
+                "active; run `vllm-edge doctor`.", patch.name, target, exc,
+            )
+            return
+    if all(patch.is_fixed_upstream(*r) for r in resolved):
         patch.state, patch.detail = State.FIXED_UPSTREAM, patch.fixed_when
         return
-    patch.original = current
-    setattr(owner, attr, patch.make_replacement(owner, attr, current))
+    originals = []
+    for owner, attr, current in resolved:
+        originals.append(current)
+        setattr(owner, attr, patch.make_replacement(owner, attr, current))
+    patch.original = originals[0] if len(originals) == 1 else tuple(originals)
     patch.state = State.APPLIED
 
 

@@ -39,6 +39,13 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
             f"{max_num_seqs} seqs (vLLM's default reserves a fraction of all RAM)"
         )
     else:
+        need = kv_budget_for(config, max_model_len, 1, dtype).flat_bytes
+        if kv_cache_memory_bytes < need:
+            raise ValueError(
+                f"kv_cache_memory_bytes={kv_cache_memory_bytes} is too small for one sequence of "
+                f"max_model_len={max_model_len}: the minimum is {need} bytes "
+                f"({need / 2**20:.1f} MiB); raise the budget or lower max_model_len"
+            )
         reasons["kv_cache_memory_bytes"] = "given explicitly"
     kwargs = {
         "model": str(model_path),

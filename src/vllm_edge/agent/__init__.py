@@ -1,0 +1,1 @@
+"""Agent suite: a simulated Android phone, tasks judged by device state, pass rates per build."""

@@ -1,0 +1,62 @@
+"""`vllm-edge agent ...` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _cmd_agent_run(args: argparse.Namespace) -> int:
+    from vllm_edge.agent import suite
+    from vllm_edge.agent.client import openai_chat
+    from vllm_edge.agent.tasks import select_tasks, select_variants
+
+    try:
+        tasks = select_tasks(args.tasks)
+        variants = select_variants(args.variants)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    chat = openai_chat(args.base_url, args.model, api_key=args.api_key, temperature=args.temperature,
+                       max_tokens=args.max_tokens, seed=args.seed)
+    report = suite.run_suite(chat, tasks, variants, repeat=args.repeat, max_steps=args.max_steps)
+    for line in suite.format_summary(report["summary"]):
+        print(line)
+    report["config"].update(base_url=args.base_url, model=args.model, temperature=args.temperature,
+                            max_tokens=args.max_tokens, seed=args.seed)
+    if args.out:
+        suite.write_report(args.out, report, extra_provenance={"served_model": args.model,
+                                                               "base_url": args.base_url})
+        print(f"wrote {args.out}")
+    return 1 if report["summary"]["errors"] else 0
+
+
+def _cmd_agent_list(args: argparse.Namespace) -> int:
+    from vllm_edge.agent.device import VARIANTS
+    from vllm_edge.agent.tasks import TASKS
+
+    for t in TASKS.values():
+        print(f"{t.name}: {t.goal}")
+    print("variants: " + ", ".join(VARIANTS))
+    return 0
+
+
+def add_agent_commands(subparsers: argparse._SubParsersAction) -> None:
+    a = subparsers.add_parser("agent", help="agent suite on a simulated phone, judged by device state")
+    asub = a.add_subparsers(dest="agent_command", required=True)
+    r = asub.add_parser("run", help="run tasks x variants x repeats against an OpenAI-compatible server")
+    r.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000/v1")
+    r.add_argument("--model", required=True, help="served model name")
+    r.add_argument("--api-key", default="EMPTY")
+    r.add_argument("--tasks", default="all", help="'all' or a comma list (see `vllm-edge agent list`)")
+    r.add_argument("--variants", default="all",
+                   help="'all' or a comma list of base, renamed, reordered, decoy, deeper ('+' combines)")
+    r.add_argument("--repeat", type=int, default=1, help="runs per task and variant")
+    r.add_argument("--max-steps", type=int, default=20, help="model turns per run")
+    r.add_argument("--temperature", type=float, default=0.0)
+    r.add_argument("--max-tokens", type=int, default=256, help="per model turn")
+    r.add_argument("--seed", type=int, default=None)
+    r.add_argument("--out", default="benchmarks/results/agent_suite.json", help="JSON result path ('' for none)")
+    r.set_defaults(func=_cmd_agent_run)
+    ls = asub.add_parser("list", help="tasks and variants")
+    ls.set_defaults(func=_cmd_agent_list)

@@ -1,0 +1,45 @@
+"""An OpenAI-compatible chat callable for the agent loop (e.g. `vllm-edge serve`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_edge.agent.loop import ChatFn
+
+
+def openai_chat(
+    base_url: str,
+    model: str,
+    api_key: str = "EMPTY",
+    temperature: float = 0.0,
+    max_tokens: int = 256,
+    timeout: float = 300.0,
+    seed: int | None = None,
+) -> ChatFn:
+    """Return ``chat(messages, tools) -> assistant message dict`` backed by /v1/chat/completions.
+
+    The server must accept tools (vLLM: ``--enable-auto-tool-choice --tool-call-parser ...``).
+    A model that writes calls as text instead is still usable: the loop recovers those.
+    """
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=1)
+
+    def chat(messages: list[dict], tools: list[dict]) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {}
+        if seed is not None:
+            kwargs["seed"] = seed
+        resp = client.chat.completions.create(
+            model=model, messages=messages, tools=tools, tool_choice="auto",
+            temperature=temperature, max_tokens=max_tokens, **kwargs,
+        )
+        msg = resp.choices[0].message
+        out: dict[str, Any] = {"role": "assistant", "content": msg.content}
+        if msg.tool_calls:
+            out["tool_calls"] = [{
+                "id": tc.id, "type": "function",
+                "function": {"name": tc.function.name, "arguments": tc.function.arguments},
+            } for tc in msg.tool_calls if getattr(tc, "function", None) is not None]
+        return out
+
+    return chat

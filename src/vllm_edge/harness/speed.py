@@ -1,0 +1,354 @@
+"""llama-bench-style throughput: prompt processing (pp) and token generation (tg).
+
+* ``pp{P}_tps``: one prompt of P tokens, ``max_tokens=1``; P / wall time.
+* ``tg{N}_tps``: N tokens with ``ignore_eos`` minus a 1-token run on the same
+  prompt, over N - 1 tokens, so the prefill cost cancels.
+* ``tg{N}_at_d{D}_tps``: the same on a D-token prompt (decode at depth).
+* ``b{B}_tg_tps``: the tg difference with B distinct prompts submitted at once;
+  total tokens over all sequences.
+
+:func:`measure` is the single measurement core: ``bench speed``, grid arms and
+``compare`` all go through it with an engine-backed ``generate`` callable.
+Prefix caching must be off in the engine, or a repeated prompt would skip its
+prefill and the 1-token run would stop cancelling it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from vllm_edge.harness import stats
+
+# Prompt length of the depth-0 tg and batch runs: llama-bench's tg128 decodes on an
+# empty context; we need at least a few tokens to have a prompt at all.
+TG_PROMPT_LEN = 16
+
+# generate(prompts, max_tokens) -> wall seconds of one timed call
+Generate = Callable[[list[list[int]], int], float]
+
+
+class SpeedArgError(ValueError):
+    """Bad arguments, caught before any engine starts."""
+
+
+@dataclass
+class SpeedConfig:
+    model: str = "default"
+    prompt_len: int = 512
+    tg_tokens: int = 128
+    context_lens: tuple[int, ...] = ()
+    batches: tuple[int, ...] = ()
+    reps: int = 3
+    threads: int | None = None
+    cpus: tuple[int, ...] | None = None
+    enforce_eager: bool = False
+    dtype: str = "bfloat16"
+    max_model_len: int | None = None
+    warmup: bool = True
+
+
+# --- keys and arithmetic -----------------------------------------------------
+
+def pp_key(prompt_len: int) -> str:
+    return f"pp{prompt_len}_tps"
+
+
+def tg_key(tg_tokens: int, depth: int | None = None) -> str:
+    return f"tg{tg_tokens}_tps" if depth is None else f"tg{tg_tokens}_at_d{depth}_tps"
+
+
+def batch_key(batch: int) -> str:
+    return f"b{batch}_tg_tps"
+
+
+def pp_tps(prompt_tokens: int, seconds: float) -> float:
+    if seconds <= 0:
+        raise ValueError(f"non-positive pp time {seconds}")
+    return prompt_tokens / seconds
+
+
+def tg_tps(tg_tokens: int, t_n: float, t_1: float, seqs: int = 1) -> float:
+    """(N - 1) generated tokens per sequence over (t_N - t_1), times the sequences."""
+    if tg_tokens < 2:
+        raise ValueError("tg needs at least 2 tokens: the first one is the prefill's")
+    dt = t_n - t_1
+    if dt <= 0:
+        raise ValueError(f"the {tg_tokens}-token run ({t_n:.4f} s) was not slower than the "
+                         f"1-token run ({t_1:.4f} s): decode time is inside the noise")
+    return seqs * (tg_tokens - 1) / dt
+
+
+def parse_int_list(text: str | None, what: str) -> tuple[int, ...]:
+    if text is None or text.strip() == "":
+        return ()
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise SpeedArgError(f"{what}: expected comma-separated integers, got {text!r}") from None
+    if any(v < 1 for v in vals):
+        raise SpeedArgError(f"{what}: values must be at least 1, got {text!r}")
+    return vals
+
+
+def required_len(cfg: SpeedConfig) -> int:
+    """Positions the longest sequence of this run needs."""
+    need = [cfg.prompt_len + 1, TG_PROMPT_LEN + cfg.tg_tokens]
+    need += [d + cfg.tg_tokens for d in cfg.context_lens]
+    return max(need)
+
+
+def validate(cfg: SpeedConfig, model_max_len: int | None = None) -> int:
+    """Check the arguments; return the max_model_len to start the engine with."""
+    if cfg.prompt_len < 1:
+        raise SpeedArgError("--prompt-len must be at least 1")
+    if cfg.tg_tokens < 2:
+        raise SpeedArgError("--tg-tokens must be at least 2 (the first token is the prefill's)")
+    if cfg.reps < 1:
+        raise SpeedArgError("--reps must be at least 1")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise SpeedArgError("--threads must be at least 1")
+    if cfg.max_model_len is not None and cfg.max_model_len < 2:
+        raise SpeedArgError("--max-model-len must be at least 2")
+    limit, source = cfg.max_model_len, "--max-model-len"
+    if model_max_len is not None and (limit is None or model_max_len < limit):
+        limit, source = model_max_len, "the model's max_position_embeddings"
+    if limit is not None:
+        for d in cfg.context_lens:
+            if d + cfg.tg_tokens > limit:
+                raise SpeedArgError(
+                    f"--context-len {d} needs {d + cfg.tg_tokens} positions ({d} context + "
+                    f"{cfg.tg_tokens} generated), but max_model_len is {limit} ({source})")
+        if cfg.prompt_len + 1 > limit:
+            raise SpeedArgError(f"--prompt-len {cfg.prompt_len} does not fit max_model_len "
+                                f"{limit} ({source})")
+        if TG_PROMPT_LEN + cfg.tg_tokens > limit:
+            raise SpeedArgError(f"--tg-tokens {cfg.tg_tokens} does not fit max_model_len "
+                                f"{limit} ({source})")
+    if cfg.max_model_len is not None:
+        return cfg.max_model_len
+    return required_len(cfg)
+
+
+# --- cores and threads -------------------------------------------------------
+
+def core_set(cpus: Sequence[int] | None, threads: int | None, allowed: Sequence[int]) -> list[int]:
+    """The cores to pin to. vLLM's CPU worker binds one OpenMP thread per allowed
+    core, so ``threads`` takes the first N cores of the set."""
+    cores = sorted(set(cpus)) if cpus else sorted(allowed)
+    missing = sorted(set(cores) - set(allowed))
+    if missing:
+        raise SpeedArgError(f"--cpus {','.join(map(str, cores))}: cores {missing} are not in "
+                            f"this process's affinity {sorted(allowed)}")
+    if threads is not None:
+        if threads > len(cores):
+            raise SpeedArgError(f"--threads {threads} exceeds the {len(cores)} cores in the set {cores}")
+        cores = cores[:threads]
+    return cores
+
+
+def pin(cores: list[int]) -> dict:
+    """Pin this process (and so the engine processes it starts) and set
+    OMP_NUM_THREADS. Must run before torch or vLLM is imported."""
+    early = [m for m in ("torch", "vllm") if m in sys.modules]
+    if early:
+        raise RuntimeError(f"{early} already imported: pinning now would not reach their thread pools")
+    os.sched_setaffinity(0, cores)
+    os.environ["OMP_NUM_THREADS"] = str(len(cores))
+    return {"cores": cores, "threads": len(cores), "OMP_NUM_THREADS": str(len(cores))}
+
+
+# --- prompts -----------------------------------------------------------------
+
+class TokenSource:
+    """Consecutive windows of a token stream, so every prompt is distinct."""
+
+    def __init__(self, ids: Sequence[int]):
+        if len(ids) < 2:
+            raise ValueError("token source is empty")
+        self.ids = list(ids)
+        self.pos = 0
+
+    def take(self, n: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < n:
+            chunk = self.ids[self.pos:self.pos + n - len(out)]
+            out += chunk
+            self.pos = (self.pos + len(chunk)) % len(self.ids)
+        return out
+
+
+def corpus_source(tokenizer: Any) -> TokenSource:
+    from vllm_edge.harness import prompts
+
+    return TokenSource(tokenizer.encode(prompts.corpus_text(), add_special_tokens=False))
+
+
+# --- the measurement core ----------------------------------------------------
+
+def measure(generate: Generate, cfg: SpeedConfig, source: TokenSource,
+            log: Callable[[str], None] = lambda s: None) -> dict:
+    """Run every metric ``cfg.reps`` times, interleaved per rep.
+
+    Returns ``{"runs": {metric: [tps per rep]}, "timings": [raw records]}``.
+    """
+    runs: dict[str, list[float]] = {}
+    timings: list[dict] = []
+    n = cfg.tg_tokens
+
+    def tg_pair(prompts: list[list[int]]) -> tuple[float, float]:
+        t1 = generate(prompts, 1)
+        tn = generate(prompts, n)
+        return t1, tn
+
+    if cfg.warmup:
+        # First calls pay lazy initialisation (and compile shapes); keep them out of the numbers.
+        generate([source.take(cfg.prompt_len)], 1)
+        generate([source.take(TG_PROMPT_LEN)], 2)
+        for b in cfg.batches:
+            generate([source.take(TG_PROMPT_LEN) for _ in range(b)], 2)
+
+    for rep in range(cfg.reps):
+        t = generate([source.take(cfg.prompt_len)], 1)
+        key = pp_key(cfg.prompt_len)
+        runs.setdefault(key, []).append(pp_tps(cfg.prompt_len, t))
+        timings.append({"rep": rep, "metric": key, "prompt_tokens": cfg.prompt_len, "t_s": t})
+
+        for depth in (None, *cfg.context_lens):
+            plen = TG_PROMPT_LEN if depth is None else depth
+            t1, tn = tg_pair([source.take(plen)])
+            key = tg_key(n, depth)
+            runs.setdefault(key, []).append(tg_tps(n, tn, t1))
+            timings.append({"rep": rep, "metric": key, "prompt_tokens": plen, "t_1_s": t1, "t_n_s": tn})
+
+        for b in cfg.batches:
+            t1, tn = tg_pair([source.take(TG_PROMPT_LEN) for _ in range(b)])
+            key = batch_key(b)
+            runs.setdefault(key, []).append(tg_tps(n, tn, t1, seqs=b))
+            timings.append({"rep": rep, "metric": key, "seqs": b, "prompt_tokens": TG_PROMPT_LEN,
+                            "t_1_s": t1, "t_n_s": tn})
+        log(f"rep {rep + 1}/{cfg.reps}: " + ", ".join(f"{k}={v[-1]:.1f}" for k, v in runs.items()))
+    return {"runs": runs, "timings": timings}
+
+
+def summarize(runs: dict[str, list[float]]) -> dict[str, dict]:
+    return {k: stats.summarize(v, k) for k, v in runs.items()}
+
+
+def vllm_generate(llm: Any) -> Generate:
+    """Time ``llm.generate`` on token-id prompts, greedy, EOS ignored."""
+    from vllm import SamplingParams
+
+    def generate(prompts: list[list[int]], max_tokens: int) -> float:
+        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        batch = [{"prompt_token_ids": p} for p in prompts]
+        t0 = time.perf_counter()
+        outs = llm.generate(batch, sp, use_tqdm=False)
+        dt = time.perf_counter() - t0
+        short = [len(o.outputs[0].token_ids) for o in outs if len(o.outputs[0].token_ids) != max_tokens]
+        if short:
+            raise RuntimeError(f"asked for {max_tokens} tokens, got {short}: the run stopped early")
+        return dt
+
+    return generate
+
+
+# --- a whole run -------------------------------------------------------------
+
+def model_max_len(path: Path) -> int | None:
+    import json
+
+    cfg = json.loads((path / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    v = cfg.get("max_position_embeddings")
+    return int(v) if v else None
+
+
+def build_label(path: Path, cfg: SpeedConfig) -> str:
+    return f"{path.name} ({cfg.dtype}, {'eager' if cfg.enforce_eager else 'compiled'})"
+
+
+def run(cfg: SpeedConfig, pinning: dict | None = None, out: str | os.PathLike | None = None,
+        log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
+    """Start one engine, measure, and return (and optionally write) the result."""
+    from vllm_edge import atomic
+    from vllm_edge.chat import _model_path
+    from vllm_edge.harness import provenance
+    from vllm_edge.harness.procmem import TreeSampler, tree_rss_anon_mb
+    from vllm_edge.runtime.engine import edge_engine
+
+    path = Path(_model_path(cfg.model))
+    mml = validate(cfg, model_max_len(path))
+    edge = edge_engine(path, max_model_len=mml, max_num_seqs=max((1, *cfg.batches)),
+                       dtype=cfg.dtype, enforce_eager=cfg.enforce_eager)
+    edge.kwargs["enable_prefix_caching"] = False
+    edge.reasons["enable_prefix_caching"] = "off: a cached prefix would skip the prefill being measured"
+    edge.kwargs["disable_log_stats"] = True
+
+    memory: dict[str, float] = {}
+    with TreeSampler(interval=0.1) as load_mem:
+        t0 = time.perf_counter()
+        from vllm import LLM
+
+        import_s = time.perf_counter() - t0
+        llm = LLM(**edge.kwargs)
+        load_s = time.perf_counter() - t0
+    memory["load_peak_rss_anon_mb"] = round(load_mem.peak_mb, 1)
+    memory["after_load_rss_anon_mb"] = round(tree_rss_anon_mb()[0], 1)
+    log(f"[speed] engine ready in {load_s:.1f} s (vLLM import {import_s:.1f} s); {build_label(path, cfg)}")
+
+    source = corpus_source(llm.get_tokenizer())
+    # Coarse sampling: a busy sampler thread would steal time from the run it measures.
+    with TreeSampler(interval=0.5) as bench_mem:
+        measured = measure(vllm_generate(llm), cfg, source, log=lambda s: log(f"[speed] {s}"))
+    memory["bench_peak_rss_anon_mb"] = round(bench_mem.peak_mb, 1)
+    del llm
+
+    result = {
+        "benchmark": "speed",
+        "build": build_label(path, cfg),
+        "model": str(path),
+        "config": {**asdict(cfg), "tg_prompt_len": TG_PROMPT_LEN, "max_model_len_used": mml},
+        "metrics": summarize(measured["runs"]),
+        "runs": measured["runs"],
+        "load_s": round(load_s, 3),
+        "import_vllm_s": round(import_s, 3),
+        "memory_phases": memory,
+        "timings": measured["timings"],
+        "engine": edge.describe(),
+        "pinning": pinning,
+        "provenance": provenance.collect(model=path, threads=(pinning or {}).get("threads"),
+                                         extra={"core_set_pinned": (pinning or {}).get("cores")}),
+    }
+    if out:
+        atomic.write_json(out, result)
+        result["out"] = str(out)
+    return result
+
+
+def metric_line(result: dict) -> dict:
+    """The one JSON object a grid arm prints: medians, load time and peak memory only,
+    so the grid does not rank configuration numbers."""
+    line: dict[str, Any] = {"benchmark": "speed", "build": result["build"]}
+    for k, s in result["metrics"].items():
+        line[k] = s["median"]
+    line["load_s"] = result["load_s"]
+    line["peak_rss_anon_mb"] = max(result["memory_phases"].values())
+    if result.get("out"):
+        line["out"] = result["out"]
+    return line
+
+
+def format_table(result: dict) -> str:
+    rows = [f"{'metric':<24} {'best':>10} {'median':>10} {'min':>10} {'max':>10} {'spread':>8}  n  flags"]
+    for k, s in result["metrics"].items():
+        sp = "-" if s["spread_pct"] is None else f"{s['spread_pct']:.1f}%"
+        rows.append(f"{k:<24} {s['best']:>10.2f} {s['median']:>10.2f} {s['min']:>10.2f} "
+                    f"{s['max']:>10.2f} {sp:>8}  {s['n']}  {' | '.join(s['flags'])}")
+    rows.append(f"load {result['load_s']:.1f} s | memory " + ", ".join(
+        f"{k}={v:.0f}" for k, v in result["memory_phases"].items()))
+    return "\n".join(rows)

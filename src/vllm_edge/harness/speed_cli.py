@@ -1,0 +1,84 @@
+"""`vllm-edge bench speed`: flags, pinning, and output for :mod:`speed`.
+
+The table goes to stderr; the last stdout line is one JSON object, so the
+command works as a `vllm-edge grid` arm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from vllm_edge.harness import speed
+
+
+def config_from_args(args: argparse.Namespace) -> speed.SpeedConfig:
+    return speed.SpeedConfig(
+        model=args.model, prompt_len=args.prompt_len, tg_tokens=args.tg_tokens,
+        context_lens=speed.parse_int_list(args.context_len, "--context-len"),
+        batches=speed.parse_int_list(args.batch, "--batch"),
+        reps=args.reps, threads=args.threads,
+        cpus=speed.parse_int_list(args.cpus, "--cpus") or None,
+        enforce_eager=args.enforce_eager, dtype=args.dtype, max_model_len=args.max_model_len,
+        warmup=not args.no_warmup)
+
+
+def _cmd_speed(args: argparse.Namespace) -> int:
+    from vllm_edge.chat import _model_path
+    from vllm_edge.models.default import ModelNotAvailable
+
+    try:
+        cfg = config_from_args(args)
+        path = Path(_model_path(cfg.model))
+        speed.validate(cfg, speed.model_max_len(path))
+        cores = speed.core_set(cfg.cpus, cfg.threads, sorted(os.sched_getaffinity(0)))
+    except (speed.SpeedArgError, ModelNotAvailable, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    pinning = speed.pin(cores)
+    print(f"[speed] pinned to cores {cores}, OMP_NUM_THREADS={pinning['OMP_NUM_THREADS']}",
+          file=sys.stderr)
+    result = speed.run(cfg, pinning=pinning, out=args.out)
+    print(speed.format_table(result), file=sys.stderr)
+    if args.out:
+        print(f"[speed] wrote {args.out}", file=sys.stderr)
+    # Last stdout line: vLLM logs to stdout too, and the grid reads the last JSON line.
+    print(json.dumps(speed.metric_line(result)), flush=True)
+    return 0
+
+
+def _bench_subparsers(sub: "argparse._SubParsersAction") -> "argparse._SubParsersAction":
+    bench = sub.choices["bench"]
+    for action in bench._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    raise RuntimeError("the 'bench' command has no subcommands")
+
+
+def add_speed_commands(sub: "argparse._SubParsersAction") -> None:
+    s = _bench_subparsers(sub).add_parser(
+        "speed", help="llama-bench-style pp/tg throughput (best and median over reps)",
+        description="pp: a --prompt-len prompt with max_tokens=1. tg: --tg-tokens tokens with "
+                    "ignore_eos minus a 1-token run on the same prompt, over tg-1 tokens. "
+                    "Prefix caching is off. The last stdout line is one JSON object.")
+    s.add_argument("--model", default="default", help="'default', an embedded key, or a model directory")
+    s.add_argument("--prompt-len", type=int, default=512, help="pp prompt tokens (default 512)")
+    s.add_argument("--tg-tokens", type=int, default=128, help="tokens generated per tg run (default 128)")
+    s.add_argument("--context-len", default=None, metavar="N[,N...]",
+                   help="also measure tg on a prompt of N tokens (decode at depth)")
+    s.add_argument("--batch", default=None, metavar="B[,B...]",
+                   help="also measure total tg throughput with B concurrent distinct sequences")
+    s.add_argument("--threads", type=int, default=None,
+                   help="use the first N cores of the core set (vLLM binds one thread per core)")
+    s.add_argument("--cpus", default=None, metavar="0,1", help="core set (default: our affinity)")
+    s.add_argument("--reps", type=int, default=3, help="repetitions per metric (default 3)")
+    s.add_argument("--enforce-eager", action="store_true", help="skip torch.compile")
+    s.add_argument("--dtype", default="bfloat16")
+    s.add_argument("--max-model-len", type=int, default=None,
+                   help="engine max_model_len (default: what the longest run needs)")
+    s.add_argument("--no-warmup", action="store_true", help="time the first calls too")
+    s.add_argument("--out", default=None, help="write the full result JSON with provenance here")
+    s.set_defaults(func=_cmd_speed)

@@ -1,0 +1,113 @@
+"""Judgement over repeated measurements: best, median, spread and the flags
+that stop a reader from ranking inside the noise (design.md §4 rule 5).
+
+Direction comes from the metric name so that no caller can forget it:
+
+* higher is better: names ending ``_tps``, ``_per_s``, ``agreement``, ``matches``;
+* lower is better: memory (``_mb``, ``_kb``, ``_gb``, ``_bytes``), time
+  (``_s``, ``_ms``, ``_us``, ``_ns``) and KL (a ``kl`` or ``kld`` name part);
+* anything else has no direction: it is summarised but never ranked or gated.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from typing import Iterable, Literal
+
+Direction = Literal["higher", "lower"]
+
+HIGHER_SUFFIXES = ("_tps", "_per_s", "agreement", "matches")
+# Throughput swings ~30% on a shared host; the gate reports these but never fails on them.
+THROUGHPUT_SUFFIXES = ("_tps", "_per_s")
+LOWER_SUFFIXES = ("_mb", "_kb", "_gb", "_bytes", "_s", "_ms", "_us", "_ns")
+LOWER_PARTS = ("kl", "kld")
+
+DEFAULT_NOISY_PCT = 10.0
+
+NOISY = "NOISY"
+SINGLE_PASS = "single pass — not a result"
+NOT_A_RANKING = "NOT A RANKING"
+
+
+def direction(metric: str) -> Direction | None:
+    name = metric.lower().rsplit(".", 1)[-1]  # flattened nested keys: judge the leaf
+    # Checked first: "_per_s" also ends with "_s".
+    if name.endswith(HIGHER_SUFFIXES):
+        return "higher"
+    if name.endswith(LOWER_SUFFIXES):
+        return "lower"
+    if any(part in LOWER_PARTS for part in re.split(r"[_\-]", name)):
+        return "lower"
+    return None
+
+
+def is_throughput(metric: str) -> bool:
+    return metric.lower().rsplit(".", 1)[-1].endswith(THROUGHPUT_SUFFIXES)
+
+
+def spread_pct(values: list[float]) -> float | None:
+    """(max - min) / |median| in percent; None when the median is 0 and the values differ."""
+    lo, hi = min(values), max(values)
+    if hi == lo:
+        return 0.0
+    med = statistics.median(values)
+    if med == 0:
+        return None
+    return 100.0 * (hi - lo) / abs(med)
+
+
+def summarize(values: Iterable[float], metric: str, noisy_pct: float = DEFAULT_NOISY_PCT) -> dict:
+    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    d = direction(metric)
+    out: dict = {"n": len(vals), "direction": d}
+    if not vals:
+        out.update(best=None, median=None, min=None, max=None, spread_pct=None,
+                   flags=["no successful run"])
+        return out
+    sp = spread_pct(vals)
+    best = max(vals) if d == "higher" else min(vals) if d == "lower" else None
+    flags: list[str] = []
+    if len(vals) == 1:
+        flags.append(SINGLE_PASS)
+    if sp is None or sp > noisy_pct:
+        flags.append(NOISY)
+    out.update(best=best, median=statistics.median(vals), min=min(vals), max=max(vals),
+               spread_pct=None if sp is None else round(sp, 3), flags=flags)
+    return out
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    return a["min"] <= b["max"] and b["min"] <= a["max"]
+
+
+def rank(summaries: dict[str, dict], metric: str) -> dict:
+    """Order arms by median in the metric's direction.
+
+    When the top two arms' [min, max] ranges overlap the order is reported as
+    ``NOT A RANKING`` and both arms carry the flag.
+    """
+    d = direction(metric)
+    usable = {a: s for a, s in summaries.items() if s.get("median") is not None}
+    out: dict = {"metric": metric, "direction": d, "order": [], "leader": None, "flags": []}
+    if d is None:
+        out["flags"].append("no direction: not ranked")
+        return out
+    order = sorted(usable, key=lambda a: usable[a]["median"], reverse=(d == "higher"))
+    out["order"] = order
+    if len(order) < 2:
+        return out
+    first, second = usable[order[0]], usable[order[1]]
+    if _overlap(first, second) or first["n"] < 2 or second["n"] < 2:
+        # One pass has no spread to be outside of; it cannot rank either.
+        out["flags"].append(NOT_A_RANKING)
+        for a in order[:2]:
+            if NOT_A_RANKING not in usable[a]["flags"]:
+                usable[a]["flags"].append(NOT_A_RANKING)
+    else:
+        out["leader"] = order[0]
+        ref = second["median"]
+        if ref:
+            out["leader_vs_second"] = round(first["median"] / ref, 4)
+    return out

@@ -1,0 +1,54 @@
+"""Release allocator arenas after load and after warm-up (design.md §2.3).
+
+vLLM 0.32.0's CPU worker never returns freed heap memory to the OS: garbage
+from weight loading, repacking and compilation stays in the allocator's arenas
+and counts as resident anonymous memory for the life of the process. We call
+:func:`vllm_edge.runtime.memory.release_arenas` right after the worker's
+``load_model`` and ``compile_or_warm_up_model``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+from vllm_edge.patches import Patch
+
+
+def _is_fixed_upstream(owner: Any, attr: str, current: Any) -> bool:
+    try:
+        src = inspect.getsource(current)
+    except (OSError, TypeError):
+        return False
+    return "malloc_trim" in src or "ReleaseFreeMemory" in src
+
+
+def _make_replacement(owner: Any, attr: str, original: Any) -> Any:
+    @functools.wraps(original)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        from vllm_edge.runtime.memory import release_arenas
+
+        release_arenas(attr)
+        return result
+
+    wrapper.__vllm_edge_patch__ = "arena_release"
+    return wrapper
+
+
+PATCH = Patch(
+    name="arena_release",
+    target=(
+        "vllm.v1.worker.cpu_worker:CPUWorker.load_model",
+        "vllm.v1.worker.cpu_worker:CPUWorker.compile_or_warm_up_model",
+    ),
+    reason=(
+        "the CPU worker never returns freed heap to the OS, so load-time and compile-time "
+        "garbage stays resident"
+    ),
+    fixed_when="the target methods already call malloc_trim / ReleaseFreeMemory",
+    env_switch="VLLM_EDGE_PATCH_ARENA_RELEASE",
+    is_fixed_upstream=_is_fixed_upstream,
+    make_replacement=_make_replacement,
+)

@@ -1,0 +1,149 @@
+"""``cpu_int4``: the W4A16 quantization config vLLM reads from a checkpoint.
+
+The path choices live in the checkpoint's ``quantization_config`` (not in env vars)
+because vLLM keys its compile cache on the model config: two arms that differ only in
+an env var would share one compiled artifact.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from vllm.model_executor.layers.quantization.base_config import (
+    QuantizationConfig,
+    QuantizeMethodBase,
+)
+
+from vllm_edge.quant import ops
+
+NAME = "cpu_int4"
+GROUP_SIZES = (32, 64, 128, 256)
+logger = logging.getLogger("vllm_edge.quant")
+
+
+class CpuInt4Config(QuantizationConfig):
+    """Fields (all in ``config.json`` -> ``quantization_config``):
+
+    - ``group_size``: input columns per (scale, zero) pair;
+    - ``quantize_embedding``: the input embedding is stored and looked up in 4 bits;
+    - ``prefill_dequant``: batches above ``dequant_threshold`` rows dequantize to bf16 and
+      run a bf16 GEMM (otherwise every batch uses tinygemm);
+    - ``dequant_threshold``: that row count;
+    - ``direct_dequant``: dequantize straight from the packed tinygemm tensor (one
+      resident copy). When false, or when the installed kernel's layout no longer
+      matches the measured one, a plain copy is kept for dequantization.
+    - ``modules_to_not_convert``: prefixes left in bf16.
+    """
+
+    def __init__(self, group_size: int = 128, quantize_embedding: bool = True,
+                 prefill_dequant: bool = True,
+                 dequant_threshold: int = ops.DEFAULT_DEQUANT_THRESHOLD,
+                 direct_dequant: bool = True,
+                 modules_to_not_convert: list[str] | None = None) -> None:
+        super().__init__()
+        if group_size not in GROUP_SIZES:
+            raise ValueError(
+                f"cpu_int4: quantization_config.group_size={group_size!r} is not supported; "
+                f"expected one of {GROUP_SIZES}"
+            )
+        if int(dequant_threshold) < 0:
+            raise ValueError(f"cpu_int4: dequant_threshold must be >= 0, got {dequant_threshold}")
+        self.group_size = int(group_size)
+        self.quantize_embedding = bool(quantize_embedding)
+        self.prefill_dequant = bool(prefill_dequant)
+        self.dequant_threshold = int(dequant_threshold)
+        self.direct_dequant = bool(direct_dequant)
+        self.modules_to_not_convert = list(modules_to_not_convert or [])
+
+    def __repr__(self) -> str:
+        return (f"CpuInt4Config(group_size={self.group_size}, quantize_embedding="
+                f"{self.quantize_embedding}, prefill_dequant={self.prefill_dequant}, "
+                f"dequant_threshold={self.dequant_threshold}, direct_dequant={self.direct_dequant})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "quant_method": NAME,
+            "group_size": self.group_size,
+            "quantize_embedding": self.quantize_embedding,
+            "prefill_dequant": self.prefill_dequant,
+            "dequant_threshold": self.dequant_threshold,
+            "direct_dequant": self.direct_dequant,
+            "modules_to_not_convert": self.modules_to_not_convert,
+        }
+
+    @property
+    def effective_threshold(self) -> int:
+        return self.dequant_threshold if self.prefill_dequant else ops.NEVER
+
+    @classmethod
+    def get_name(cls) -> str:
+        return NAME
+
+    @classmethod
+    def get_supported_act_dtypes(cls) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return -1  # CPU only; no GPU capability applies
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return []  # read from config.json's quantization_config
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "CpuInt4Config":
+        known = {"quant_method", "group_size", "quantize_embedding", "prefill_dequant",
+                 "dequant_threshold", "direct_dequant", "modules_to_not_convert", "bits",
+                 "scheme", "version"}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            logger.warning("cpu_int4: ignoring unknown quantization_config keys %s", unknown)
+        bits = config.get("bits", 4)
+        if bits != 4:
+            raise ValueError(f"cpu_int4: quantization_config.bits={bits!r}; only 4 is supported")
+        return cls(
+            group_size=cls.get_from_keys(config, ["group_size"]),
+            quantize_embedding=cls.get_from_keys_or(config, ["quantize_embedding"], True),
+            prefill_dequant=cls.get_from_keys_or(config, ["prefill_dequant"], True),
+            dequant_threshold=cls.get_from_keys_or(
+                config, ["dequant_threshold"], ops.DEFAULT_DEQUANT_THRESHOLD),
+            direct_dequant=cls.get_from_keys_or(config, ["direct_dequant"], True),
+            modules_to_not_convert=cls.get_from_keys_or(config, ["modules_to_not_convert"], None),
+        )
+
+    @classmethod
+    def override_quantization_method(cls, hf_quant_cfg, user_quant, hf_config=None):
+        if str(hf_quant_cfg.get("quant_method", "")).lower() == NAME and user_quant in (None, NAME):
+            return NAME
+        return None
+
+    def _skipped(self, prefix: str) -> bool:
+        return any(prefix == m or prefix.startswith(m + ".") for m in self.modules_to_not_convert)
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+        from vllm.model_executor.layers.vocab_parallel_embedding import (
+            ParallelLMHead,
+            UnquantizedEmbeddingMethod,
+            VocabParallelEmbedding,
+        )
+
+        from vllm_edge.quant.embedding import CpuInt4EmbeddingMethod
+        from vllm_edge.quant.linear import CpuInt4LinearMethod
+
+        if isinstance(layer, ParallelLMHead):
+            if self._skipped(prefix):
+                return UnquantizedEmbeddingMethod()
+            return CpuInt4EmbeddingMethod(self, prefix)
+        if isinstance(layer, VocabParallelEmbedding):
+            if not self.quantize_embedding or self._skipped(prefix):
+                return UnquantizedEmbeddingMethod()
+            return CpuInt4EmbeddingMethod(self, prefix)
+        if isinstance(layer, LinearBase):
+            if self._skipped(prefix):
+                return UnquantizedLinearMethod()
+            return CpuInt4LinearMethod(self, prefix)
+        return None

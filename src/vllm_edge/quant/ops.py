@@ -1,0 +1,97 @@
+"""The W4A16 linear as one vLLM custom op: ``torch.ops.vllm.edge_cpu_int4_linear``.
+
+tinygemm (``_weight_int4pack_mm_for_cpu``) dequantizes the weight once per activation
+row, so its cost grows with the row count; a dequantize-then-bf16-GEMM pays the
+dequantization once. The choice between them depends on the row count, and it is made
+*inside* an opaque custom op so dynamo never specialises or guards on the batch size.
+The fake impl only computes the output shape.
+"""
+
+import threading
+from typing import Optional
+
+import torch
+
+from vllm_edge.quant import pack
+
+OP_NAME = "edge_cpu_int4_linear"
+EMBED_OP_NAME = "edge_cpu_int4_embedding"
+# Rows above which dequantize-then-GEMM wins; benchmarks/results/cpu_int4_microbench.json.
+DEFAULT_DEQUANT_THRESHOLD = 4
+NEVER = 1 << 62  # a threshold that keeps every batch on tinygemm
+
+_lock = threading.Lock()
+_registered = False
+
+
+def int4_linear_impl(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
+                     group_size: int, dequant_threshold: int,
+                     plain: Optional[torch.Tensor] = None, plain_scale: Optional[torch.Tensor] = None,
+                     plain_zero: Optional[torch.Tensor] = None, plain_group: int = 0) -> torch.Tensor:
+    k = x.shape[-1]
+    n = scales_zeros.shape[1]
+    x2 = x.reshape(-1, k)
+    if x2.shape[0] > dequant_threshold:
+        if plain is not None:
+            w = pack.dequantize_plain(plain, plain_scale, plain_zero, plain_group, dtype=x.dtype)
+            out = torch.nn.functional.linear(x2, w)
+        else:
+            out = torch.matmul(x2, pack.dequantize_packed_t(packed, scales_zeros, group_size, dtype=x.dtype))
+    else:
+        sz = scales_zeros if scales_zeros.dtype == x.dtype else scales_zeros.to(x.dtype)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), packed, group_size, sz)
+    return out.view(*x.shape[:-1], n)
+
+
+def _fake(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
+          group_size: int, dequant_threshold: int,
+          plain: Optional[torch.Tensor] = None, plain_scale: Optional[torch.Tensor] = None,
+          plain_zero: Optional[torch.Tensor] = None, plain_group: int = 0) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], scales_zeros.shape[1]))
+
+
+def int4_embedding_impl(ids: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
+                        group_size: int) -> torch.Tensor:
+    k = scales_zeros.shape[0] * group_size
+    rows = pack.gather_rows_packed(packed, scales_zeros, group_size, ids, dtype=scales_zeros.dtype)
+    return rows.view(*ids.shape, k)
+
+
+def _embedding_fake(ids: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
+                    group_size: int) -> torch.Tensor:
+    return ids.new_empty((*ids.shape, scales_zeros.shape[0] * group_size), dtype=scales_zeros.dtype)
+
+
+def register() -> None:
+    """Define the op in vLLM's library once per process."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        from vllm.utils.torch_utils import direct_register_custom_op
+
+        direct_register_custom_op(OP_NAME, int4_linear_impl, mutates_args=[], fake_impl=_fake)
+        direct_register_custom_op(EMBED_OP_NAME, int4_embedding_impl, mutates_args=[],
+                                  fake_impl=_embedding_fake)
+        _registered = True
+
+
+def int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
+                group_size: int, dequant_threshold: int,
+                plain: torch.Tensor | None = None, plain_scale: torch.Tensor | None = None,
+                plain_zero: torch.Tensor | None = None, plain_group: int = 0,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    if not _registered:  # no lock on the hot path: dynamo cannot trace one
+        register()
+    out = getattr(torch.ops.vllm, OP_NAME)(x, packed, scales_zeros, group_size, dequant_threshold,
+                                           plain, plain_scale, plain_zero, plain_group)
+    return out if bias is None else out + bias
+
+
+def int4_embedding(ids: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
+                   group_size: int) -> torch.Tensor:
+    """Rows of the dequantized table, gathered from the packed data (data-dependent
+    branches on the ids stay inside the op)."""
+    if not _registered:  # no lock on the hot path: dynamo cannot trace one
+        register()
+    return getattr(torch.ops.vllm, EMBED_OP_NAME)(ids, packed, scales_zeros, group_size)

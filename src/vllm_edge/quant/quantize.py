@@ -1,0 +1,164 @@
+"""Offline quantizer: a bf16/fp16/fp32 safetensors checkpoint -> a ``cpu_int4`` checkpoint.
+
+Every 2-D weight (the linears, the embedding, the head) becomes ``weight_packed`` /
+``weight_scale`` / ``weight_zero`` (see :mod:`.pack`). A head tied to the embedding is
+untied and quantized on its own, so it never falls back to bf16. The directory is
+written atomically, with ``quantization_report.json`` (per-tensor SNR and bits per
+weight).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from vllm_edge import atomic
+from vllm_edge.quant import pack
+
+SCHEMES = ("cpu_int4",)
+GROUPS = (64, 128)
+REPORT_NAME = "quantization_report.json"
+# the source's import manifest describes the bf16 conversion, not this checkpoint
+_SKIP_COPY = {"config.json", "model.safetensors.index.json", REPORT_NAME, "vllm_edge_manifest.json"}
+
+
+def _open_tensors(src: Path) -> Iterator[tuple[str, Any]]:
+    from safetensors import safe_open
+
+    files = sorted(src.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{src}: no *.safetensors files")
+    for f in files:
+        with safe_open(str(f), framework="pt") as h:
+            for name in h.keys():
+                yield name, (f, name)
+
+
+def _load(ref: tuple[Path, str]) -> torch.Tensor:
+    from safetensors import safe_open
+
+    with safe_open(str(ref[0]), framework="pt") as h:
+        return h.get_tensor(ref[1])
+
+
+def _text_config(config: dict) -> dict:
+    return config.get("text_config", config)
+
+
+def _should_quantize(name: str, t_shape: tuple[int, ...], embedding: bool, skip: list[str]) -> bool:
+    if len(t_shape) != 2 or not name.endswith(".weight"):
+        return False
+    module = name[: -len(".weight")]
+    if any(module == m or module.startswith(m + ".") for m in skip):
+        return False
+    if "embed_tokens" in module and not embedding:
+        return False
+    return t_shape[1] % 2 == 0
+
+
+def snr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:
+    ref = ref.float()
+    noise = (ref - approx.float()).pow(2).sum().item()
+    signal = ref.pow(2).sum().item()
+    return float("inf") if noise == 0 else 10 * math.log10(max(signal, 1e-30) / noise)
+
+
+def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_int4",
+                   group: int = 64, *, quantize_embedding: bool = True,
+                   modules_to_not_convert: list[str] | None = None,
+                   progress: bool = True) -> Path:
+    """Write a ``cpu_int4`` checkpoint of ``src_dir`` to ``dst_dir`` (atomically)."""
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme {scheme!r} is not implemented; available: {', '.join(SCHEMES)}")
+    if group not in GROUPS:
+        raise ValueError(f"group {group} is not supported; use one of {GROUPS}")
+    src, dst = Path(src_dir), Path(dst_dir)
+    config = json.loads((src / "config.json").read_text())
+    skip = list(modules_to_not_convert or [])
+    refs = dict(_open_tensors(src))
+    text_cfg = _text_config(config)
+    tied = bool(text_cfg.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
+    embed_name = next((n for n in refs if n.endswith("embed_tokens.weight")), None)
+    head_name = "lm_head.weight"
+    untied = False
+    if head_name not in refs and embed_name is not None and (tied or "lm_head" not in str(refs)):
+        refs[head_name] = refs[embed_name]
+        untied = True
+
+    started = time.time()
+    out: dict[str, torch.Tensor] = {}
+    report: list[dict[str, Any]] = []
+    names = sorted(refs)
+    with tqdm(total=len(names), desc=f"quantize {scheme} g{group}", unit="tensor",
+              disable=not progress) as bar:
+        for name in names:
+            t = _load(refs[name])
+            if not _should_quantize(name, tuple(t.shape), quantize_embedding, skip) or not t.is_floating_point():
+                out[name] = t.contiguous()
+                bar.update(1)
+                continue
+            q, scale, zero = pack.quantize(t, group)
+            packed = pack.pack_nibbles(q)
+            base = name[: -len(".weight")]
+            out[f"{base}.weight_packed"] = packed
+            out[f"{base}.weight_scale"] = scale.contiguous()
+            out[f"{base}.weight_zero"] = zero.contiguous()
+            deq = pack.dequantize_plain(packed, scale, zero, group)
+            bits = packed.numel() * 8 + (scale.numel() + zero.numel()) * 16
+            report.append({
+                "name": name, "shape": list(t.shape), "snr_db": round(snr_db(t, deq), 3),
+                "bits_per_weight": round(bits / t.numel(), 4),
+                "tied_head_copy": untied and name == head_name,
+            })
+            del t, q, deq
+            bar.update(1)
+
+    qcfg = {
+        "quant_method": scheme, "bits": 4, "group_size": group,
+        "quantize_embedding": quantize_embedding, "prefill_dequant": True,
+        "dequant_threshold": _default_threshold(), "direct_dequant": True,
+        "modules_to_not_convert": skip,
+    }
+    new_config = dict(config)
+    new_config["quantization_config"] = qcfg
+    if untied or tied:
+        new_config["tie_word_embeddings"] = False
+        if "text_config" in new_config:
+            new_config["text_config"] = {**new_config["text_config"], "tie_word_embeddings": False}
+    n_q = sum(math.prod(r["shape"]) for r in report)
+    summary = {
+        "scheme": scheme, "group_size": group, "source": str(src.resolve()),
+        "seconds": round(time.time() - started, 1),
+        "clip_ratios": list(pack.DEFAULT_CLIP_RATIOS),
+        "head_untied": untied,
+        "quantized_weights": n_q,
+        "bits_per_weight": round(sum(r["bits_per_weight"] * math.prod(r["shape"]) for r in report) / max(n_q, 1), 4),
+        "snr_db_min": min((r["snr_db"] for r in report), default=None),
+        "snr_db_mean": round(sum(r["snr_db"] for r in report) / max(len(report), 1), 3),
+        "quantization_config": qcfg,
+        "tensors": report,
+    }
+    with atomic.directory(dst) as tmp:
+        save_file(out, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "model.safetensors").chmod(0o644)
+        for f in src.iterdir():
+            if f.is_file() and f.name not in _SKIP_COPY and f.suffix != ".safetensors":
+                shutil.copy2(f, tmp / f.name)
+        (tmp / "config.json").write_text(json.dumps(new_config, indent=2) + "\n")
+        (tmp / REPORT_NAME).write_text(json.dumps(summary, indent=2) + "\n")
+    return dst
+
+
+def _default_threshold() -> int:
+    from vllm_edge.quant.ops import DEFAULT_DEQUANT_THRESHOLD
+
+    return DEFAULT_DEQUANT_THRESHOLD

@@ -1,0 +1,141 @@
+"""Suite summary, report file, the CLI, and the OpenAI adapter against a stub HTTP server."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from vllm_edge.agent import suite
+from vllm_edge.agent.client import openai_chat
+from vllm_edge.agent.tasks import select_tasks
+from vllm_edge.agent.tools import TOOLS
+
+
+class PerTask:
+    """Routes to a fresh scripted agent per run; fails the 'renamed' runs of wifi_off on purpose."""
+
+    def __init__(self, scripted):
+        self.scripted, self.agent, self.last = scripted, None, None
+
+    def __call__(self, messages, tools):
+        if len(messages) == 2:  # a new run starts
+            goal = messages[1]["content"]
+            task = "wifi_off" if "Turn off Wi-Fi" in goal else "clock_alarm_tab"
+            renamed = "Preferences" in goal
+            self.agent = self.scripted(task, {"early_done"} if renamed and task == "wifi_off" else set())
+        return self.agent(messages, tools)
+
+
+def test_run_suite_summary(scripted):
+    lines = []
+    report = suite.run_suite(PerTask(scripted), select_tasks("wifi_off,clock_alarm_tab"), ["base", "renamed"],
+                             repeat=2, max_steps=20, log=lines.append)
+    s = report["summary"]
+    assert s["runs"] == 8 and s["passed"] == 6
+    assert s["per_task"]["wifi_off"] == {
+        "runs": 4, "passed": 2, "failed_variants": ["renamed"], "falsely_claimed_done": 2, "goal_reached": 2,
+        "collateral_runs": 0, "errors": 0, "pass_rate": 0.5}
+    assert s["per_task"]["clock_alarm_tab"]["pass_rate"] == 1.0
+    assert s["falsely_claimed_done"] == 2 and s["warnings"] == []
+    assert lines[0].startswith("PASS wifi_off/base #1 (")
+    assert lines[2].startswith("fail wifi_off/renamed #1 (1 steps") and "falsely claimed done" in lines[2]
+    text = suite.format_summary(s)
+    assert text[0] == "wifi_off: 2/4 passed (50%); failed variants: renamed"
+    assert text[1] == "clock_alarm_tab: 4/4 passed (100%)"
+    assert "falsely claimed done: 2" in text[2]
+    assert len(report["runs"]) == 8 and report["runs"][2]["falsely_claimed_done"] is True
+
+
+def test_fewer_than_three_runs_warns(scripted):
+    report = suite.run_suite(PerTask(scripted), select_tasks("clock_alarm_tab"), ["base", "decoy"], log=None)
+    assert report["summary"]["warnings"] == [
+        "clock_alarm_tab: only 2 run(s); fewer than 3 runs per task make the pass rate noise "
+        "(add variants or --repeat)"]
+    assert suite.format_summary(report["summary"])[-1].startswith("warning: clock_alarm_tab: only 2 run(s)")
+
+
+def test_report_file_has_provenance(tmp_path, scripted):
+    report = suite.run_suite(PerTask(scripted), select_tasks("clock_alarm_tab"), ["base"], log=None)
+    out = tmp_path / "r" / "agent.json"
+    suite.write_report(out, report, extra_provenance={"served_model": "m"})
+    data = json.loads(out.read_text())
+    assert data["kind"] == "agent_suite"
+    assert data["provenance"]["served_model"] == "m" and "versions" in data["provenance"]
+    assert data["summary"]["passed"] == 1 and data["runs"][0]["task"] == "clock_alarm_tab"
+    assert not list(out.parent.glob(".*.tmp"))
+
+
+class _Stub(BaseHTTPRequestHandler):
+    requests: list[dict] = []
+    reply: dict = {}
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append({"path": self.path, "body": body})
+        payload = json.dumps({
+            "id": "c1", "object": "chat.completion", "created": 0, "model": body["model"],
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": type(self).reply}],
+        }).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def stub_server():
+    _Stub.requests = []
+    srv = HTTPServer(("127.0.0.1", 0), _Stub)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_openai_chat_adapter(stub_server):
+    _Stub.reply = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "t1", "type": "function", "function": {"name": "tap", "arguments": '{"index": 2}'}}]}
+    chat = openai_chat(stub_server, "edge-model", temperature=0.0, max_tokens=64, seed=7)
+    msg = chat([{"role": "user", "content": "hi"}], TOOLS)
+    assert msg == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "t1", "type": "function", "function": {"name": "tap", "arguments": '{"index": 2}'}}]}
+    req = _Stub.requests[0]
+    assert req["path"] == "/v1/chat/completions"
+    assert req["body"]["model"] == "edge-model" and req["body"]["tools"] == TOOLS
+    assert req["body"]["temperature"] == 0.0 and req["body"]["max_tokens"] == 64 and req["body"]["seed"] == 7
+
+
+def test_cli_agent_run_end_to_end(stub_server, tmp_path, capsys):
+    from vllm_edge.cli import main
+
+    _Stub.reply = {"role": "assistant", "content": '{"name": "task_complete", "arguments": {"summary": "ok"}}'}
+    out = tmp_path / "agent.json"
+    rc = main(["agent", "run", "--base-url", stub_server, "--model", "m", "--tasks", "wifi_already_on,wifi_on",
+               "--variants", "base,decoy", "--repeat", "1", "--max-steps", "3", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "PASS wifi_already_on/base #1" in text and "fail wifi_on/base #1" in text
+    assert "wifi_on: 0/2 passed (0%); failed variants: base, decoy" in text
+    assert "warning: wifi_on: only 2 run(s)" in text
+    data = json.loads(out.read_text())
+    assert data["config"]["model"] == "m" and data["summary"]["falsely_claimed_done"] == 2
+    assert data["runs"][2]["recovery_kinds"] == {"text_tool_call": 1}
+
+
+def test_cli_rejects_unknown_task_and_reports_chat_errors(capsys, tmp_path):
+    from vllm_edge.cli import main
+
+    assert main(["agent", "run", "--base-url", "http://x/v1", "--model", "m", "--tasks", "fly"]) == 2
+    assert "unknown task" in capsys.readouterr().err
+    rc = main(["agent", "run", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--tasks", "wifi_on",
+               "--variants", "base", "--out", ""])
+    assert rc == 1
+    assert "errors (chat or device, not model failures): 1 run(s)" in capsys.readouterr().out

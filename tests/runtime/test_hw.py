@@ -1,0 +1,52 @@
+"""The CPU probe on captured snapshots."""
+
+from __future__ import annotations
+
+from vllm_edge.runtime.hw import probe_cpu
+
+SNAPSHOTS = {
+    "amx_xeon": ("x86_64", "Intel(R) Xeon(R) Platinum 8480+",
+                 "fpu avx avx2 avx512f avx512_bf16 avx512_vnni amx_bf16 amx_tile amx_int8"),
+    "zen4": ("x86_64", "AMD Ryzen 9 7950X 16-Core Processor",
+             "fpu avx avx2 avx512f avx512_bf16 avx512_vnni"),
+    "arm64": ("aarch64", None, "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics asimddp i8mm bf16"),
+}
+
+
+def _write(root, arch, model, flags, n=4):
+    key = "Features" if arch == "aarch64" else "flags"
+    blocks = []
+    for i in range(n):
+        lines = [f"processor\t: {i}"]
+        if model:
+            lines.append(f"model name\t: {model}")
+        lines.append(f"{key}\t\t: {flags}")
+        blocks.append("\n".join(lines))
+    (root / "proc").mkdir(parents=True)
+    (root / "proc" / "cpuinfo").write_text("\n\n".join(blocks) + "\n")
+
+
+def test_amx_xeon(tmp_path):
+    _write(tmp_path, *SNAPSHOTS["amx_xeon"])
+    cpu = probe_cpu(tmp_path, arch="x86_64")
+    assert cpu.isa["amx_tile"] and cpu.isa["amx_bf16"] and cpu.isa["avx512"]
+    assert cpu.logical_cpus == 4 and cpu.allowed_cpus == [0, 1, 2, 3]
+    assert "Xeon" in cpu.model_name
+
+
+def test_zen4(tmp_path):
+    _write(tmp_path, *SNAPSHOTS["zen4"])
+    cpu = probe_cpu(tmp_path, arch="x86_64")
+    assert cpu.isa["avx512_bf16"] and not cpu.isa["amx_tile"]
+
+
+def test_arm64(tmp_path):
+    _write(tmp_path, *SNAPSHOTS["arm64"])
+    cpu = probe_cpu(tmp_path, arch="aarch64")
+    assert cpu.isa == {"neon": True, "i8mm": True, "bf16": True, "sve": False, "dotprod": True}
+    assert cpu.model_name == "unknown"
+
+
+def test_this_machine():
+    cpu = probe_cpu()
+    assert cpu.logical_cpus >= 1 and cpu.allowed_cpus

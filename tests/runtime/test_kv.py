@@ -1,0 +1,56 @@
+"""KV pricing against hand-computed values."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_edge.runtime.kv import kv_budget_for
+
+SMOLLM2 = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+           "hidden_size": 576, "head_dim": 64}
+# Gemma-3-270M-like: 18 layers, 1 KV head of 256, window 512, every 6th layer global.
+GEMMA3 = {"text_config": {"num_hidden_layers": 18, "num_attention_heads": 4, "num_key_value_heads": 1,
+                          "hidden_size": 640, "head_dim": 256, "sliding_window": 512,
+                          "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 3}}
+
+
+def test_smollm2_flat():
+    b = kv_budget_for(SMOLLM2, max_model_len=2048, max_num_seqs=4, kv_dtype="bfloat16", block_size=16)
+    # 2 (K,V) * 3 heads * 64 dim * 2 bytes = 768 B per token per layer
+    assert b.bytes_per_token_per_layer == 768
+    assert b.flat_bytes == 30 * 768 * 2048 * 4 == 188_743_680
+    assert b.hybrid_bytes == b.flat_bytes
+
+
+def test_block_rounding():
+    b = kv_budget_for(SMOLLM2, max_model_len=1000, max_num_seqs=1, block_size=16)
+    assert b.tokens_per_seq == 1008
+    assert b.flat_bytes == 30 * 768 * 1008
+
+
+def test_gemma3_hybrid():
+    b = kv_budget_for(GEMMA3, max_model_len=2048, max_num_seqs=2, kv_dtype="bf16", block_size=16)
+    per = 2 * 1 * 256 * 2  # 1024 B
+    assert b.bytes_per_token_per_layer == per
+    assert b.sliding_layers == 15
+    assert b.flat_bytes == 18 * per * 2048 * 2
+    assert b.hybrid_bytes == (3 * 2048 + 15 * 512) * per * 2
+    assert b.hybrid_bytes < b.flat_bytes
+
+
+def test_gemma3_pattern_form_and_short_context():
+    cfg = dict(GEMMA3["text_config"])
+    del cfg["layer_types"]
+    cfg["sliding_window_pattern"] = 6
+    b = kv_budget_for(cfg, max_model_len=256)
+    assert b.sliding_layers == 15
+    # The window is longer than the context: sliding layers cost the same as full ones.
+    assert b.hybrid_bytes == b.flat_bytes
+
+
+def test_fp32_and_bad_input():
+    assert kv_budget_for(SMOLLM2, 16, kv_dtype="float32").flat_bytes == 30 * 1536 * 16
+    with pytest.raises(ValueError, match="kv dtype"):
+        kv_budget_for(SMOLLM2, 16, kv_dtype="int3")
+    with pytest.raises(ValueError):
+        kv_budget_for(SMOLLM2, 0)

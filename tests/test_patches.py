@@ -1,0 +1,160 @@
+"""The patch framework and the AOT cache patch, without an engine."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+
+import pytest
+
+from vllm_edge import patches
+from vllm_edge.patches import Patch, State, aot_cache
+
+
+@pytest.fixture
+def fake_module(monkeypatch):
+    mod = types.ModuleType("fake_upstream")
+
+    class Engine:
+        def buggy(self):
+            return "upstream"
+
+    mod.Engine = Engine
+    mod.fixed_flag = False
+    monkeypatch.setitem(sys.modules, "fake_upstream", mod)
+    return mod
+
+
+def _patch(target: str, fixed=lambda o, a, c: False) -> Patch:
+    return Patch(
+        name="fake", target=target, reason="r", fixed_when="f", env_switch="VLLM_EDGE_PATCH_AOT_CACHE",
+        is_fixed_upstream=fixed, make_replacement=lambda o, a, cur: (lambda self: "patched"),
+    )
+
+
+def test_applied_replaces_the_attribute(fake_module):
+    p = _patch("fake_upstream:Engine.buggy")
+    patches._apply(p)
+    assert p.state is State.APPLIED
+    assert fake_module.Engine().buggy() == "patched"
+    assert p.original(fake_module.Engine()) == "upstream"
+
+
+def test_fixed_upstream_does_nothing(fake_module):
+    p = _patch("fake_upstream:Engine.buggy", fixed=lambda o, a, c: True)
+    patches._apply(p)
+    assert p.state is State.FIXED_UPSTREAM
+    assert fake_module.Engine().buggy() == "upstream"
+
+
+def test_disabled_by_env_switch(fake_module, monkeypatch):
+    monkeypatch.setenv("VLLM_EDGE_PATCH_AOT_CACHE", "0")
+    p = _patch("fake_upstream:Engine.buggy")
+    patches._apply(p)
+    assert p.state is State.DISABLED
+    assert fake_module.Engine().buggy() == "upstream"
+
+
+@pytest.mark.parametrize("target", [
+    "fake_upstream:Engine.gone", "fake_upstream:Nope.buggy", "no_such_module_xyz:f", "not-a-target",
+])
+def test_target_missing_is_loud(fake_module, caplog, target):
+    p = _patch(target)
+    with caplog.at_level(logging.WARNING, logger="vllm_edge.patches"):
+        patches._apply(p)
+    assert p.state is State.TARGET_MISSING
+    assert any("'fake'" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
+
+
+def test_load_all_is_idempotent_and_states_never_change(monkeypatch):
+    first = {p.name: p.state for p in patches.load_all()}
+    replaced = sys.modules["vllm.compilation.decorators"]._try_load_aot_compiled_fn
+    # Flipping the switch after load must not silently change a reached state.
+    monkeypatch.setenv("VLLM_EDGE_PATCH_AOT_CACHE", "0")
+    second = {p.name: p.state for p in patches.load_all()}
+    assert first == second == {"aot_cache": State.APPLIED}
+    assert sys.modules["vllm.compilation.decorators"]._try_load_aot_compiled_fn is replaced
+    assert getattr(replaced, "__vllm_edge_patch__", None) == "aot_cache"
+
+
+def test_aot_detects_the_bug_in_the_pinned_vllm():
+    import vllm.compilation.decorators as dec
+
+    original = aot_cache.PATCH.original or dec._try_load_aot_compiled_fn
+    assert not aot_cache._is_fixed_upstream(dec, "_try_load_aot_compiled_fn", original)
+
+
+def test_aot_stands_down_when_upstream_guards_the_call():
+    def _try_load_aot_compiled_fn(model, path):  # a fixed upstream: no unguarded call
+        fn = load()
+        if hasattr(fn, "finalize_loading"):
+            fn.finalize_loading(model)
+
+    assert aot_cache._is_fixed_upstream(None, "_try_load_aot_compiled_fn", _try_load_aot_compiled_fn)
+
+
+class _Artifacts:
+    def __init__(self, compiled_fn):
+        self.compiled_fn = compiled_fn
+
+
+class _Loaded:
+    def __init__(self, compiled_fn):
+        self._artifacts = _Artifacts(compiled_fn)
+
+
+def _run_shimmed(loaded_obj):
+    """Drive the replacement the way vLLM does: it calls torch.compiler.load_compiled_function
+    and then finalize_loading on the artifact."""
+    import torch
+
+    real = torch.compiler.load_compiled_function
+
+    def fake_upstream(model, path):
+        got = torch.compiler.load_compiled_function(None)
+        got._artifacts.compiled_fn.finalize_loading("cfg")
+        return got
+
+    torch.compiler.load_compiled_function = lambda *a, **k: loaded_obj
+    try:
+        wrapped = aot_cache._make_replacement(None, "x", fake_upstream)
+        return wrapped(None, "p"), torch.compiler.load_compiled_function
+    finally:
+        torch.compiler.load_compiled_function = real
+
+
+def test_shim_attaches_noop_to_a_plain_function():
+    def plain(*a):
+        return 1
+
+    before = len(aot_cache.attached)
+    loaded, restored = _run_shimmed(_Loaded(plain))
+    assert loaded._artifacts.compiled_fn.finalize_loading("cfg") is None
+    assert len(aot_cache.attached) == before + 1
+    # The loader swap lasts only for the call.
+    assert getattr(restored, "__wrapped__", None) is None
+
+
+def test_shim_leaves_an_artifact_that_has_finalize_loading():
+    calls = []
+
+    class Serializable:
+        def finalize_loading(self, cfg):
+            calls.append(cfg)
+
+    obj = Serializable()
+    before = len(aot_cache.attached)
+    _run_shimmed(_Loaded(obj))
+    assert calls == ["cfg"]
+    assert len(aot_cache.attached) == before
+    assert "finalize_loading" not in vars(obj)
+
+
+def test_without_the_shim_the_plain_function_fails_like_upstream():
+    # The bug the patch exists for, reproduced on the same fake: no shim -> AttributeError.
+    def plain(*a):
+        return 1
+
+    with pytest.raises(AttributeError, match="finalize_loading"):
+        _Loaded(plain)._artifacts.compiled_fn.finalize_loading("cfg")

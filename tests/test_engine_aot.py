@@ -14,10 +14,11 @@ pytestmark = pytest.mark.slow
 def starts(tmp_path_factory, default_model_dir):
     # Its own compile cache: this test is about caching.
     root = tmp_path_factory.mktemp("vllm-cache")
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    cold = aot_bench.one_start("default", root, env)
-    warm = aot_bench.one_start("default", root, env)
-    unpatched = aot_bench.one_start("default", root, {**env, "VLLM_EDGE_PATCH_AOT_CACHE": "0"})
+    # `run --multiprocess`: vLLM's default executor, with its engine-core and worker processes.
+    cold = aot_bench.one_start("default", root, multiprocess=True)
+    warm = aot_bench.one_start("default", root, multiprocess=True)
+    unpatched = aot_bench.one_start("default", root, {"VLLM_EDGE_PATCH_AOT_CACHE": "0"},
+                                    multiprocess=True)
     return cold, warm, unpatched
 
 
@@ -30,8 +31,8 @@ def test_patch_state_inside_the_worker_process(starts):
     cold, warm, unpatched = starts
     for s in (cold, warm):
         assert s["worker_pid"] != s["main_pid"]  # multiprocess: a separate worker process
-        assert s["worker_patches"] == {"aot_cache": "applied"}
-    assert unpatched["worker_patches"] == {"aot_cache": "disabled"}
+        assert s["worker_patches"]["aot_cache"] == "applied"
+    assert unpatched["worker_patches"]["aot_cache"] == "disabled"
 
 
 def test_cold_start_compiles_and_saves(starts):

@@ -41,7 +41,8 @@ def runs(default_model_dir):
 
 def test_explicit_kv_budget_wins(runs, default_model_dir):
     cfg = json.loads((default_model_dir / "config.json").read_text())
-    per_token = kv_budget_for(cfg, 16, 1).flat_bytes // 16  # all layers, one token
+    b = kv_budget_for(cfg, 16, 1)
+    per_token = b.bytes_per_token_per_layer * b.num_layers  # all layers, one token
     r = runs["patched"]
     assert r["worker"]["patches"]["kv_budget"] == "applied"
     assert r["kv_cache_memory_bytes"] == KV_BYTES

@@ -46,17 +46,20 @@ def _model_path(model: str):
 
 def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None = DEFAULT_SYSTEM,
         max_tokens: int = 64, max_model_len: int = 2048, enforce_eager: bool = False,
-        as_json: bool = False) -> dict[str, Any]:
+        one_process: bool = True, as_json: bool = False) -> dict[str, Any]:
     from vllm_edge.runtime.engine import edge_engine
 
     started = process_start_epoch()
     path = _model_path(model)
     with TreeSampler() as sampler:
-        edge = edge_engine(path, max_model_len=max_model_len, enforce_eager=enforce_eager)
+        edge = edge_engine(path, max_model_len=max_model_len, enforce_eager=enforce_eager,
+                           one_process=one_process)
+        edge.apply_env()
         if not as_json:
             print(f"[vllm-edge] model: {path}", file=sys.stderr)
             for key, why in edge.reasons.items():
-                print(f"[vllm-edge] {key}={edge.kwargs[key]}: {why}", file=sys.stderr)
+                value = edge.kwargs.get(key, edge.env.get(key))
+                print(f"[vllm-edge] {key}={value}: {why}", file=sys.stderr)
         t0 = time.time()
         from vllm import LLM, SamplingParams
 

@@ -58,7 +58,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         result = chat.run(
             model=args.model, prompt=args.prompt, system=args.system or None,
             max_tokens=args.max_tokens, max_model_len=args.max_model_len,
-            enforce_eager=args.enforce_eager, as_json=args.json,
+            enforce_eager=args.enforce_eager, one_process=not args.multiprocess, as_json=args.json,
         )
     except (ModelNotAvailable, GgufImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -71,9 +71,40 @@ def _cmd_bench_aot(args: argparse.Namespace) -> int:
     from vllm_edge.harness import aot_bench
 
     result = aot_bench.run(model=args.model, starts=args.starts, out=args.out,
-                           cache_root=args.cache_root, unpatched=not args.no_unpatched)
+                           cache_root=args.cache_root, unpatched=not args.no_unpatched,
+                           multiprocess=not args.one_process)
     print(json.dumps(result["summary"], indent=2))
     return 0 if result["summary"]["direct_load_on_warm_starts"] else 1
+
+
+def _cmd_bench_init_memory(args: argparse.Namespace) -> int:
+    from vllm_edge.harness import init_memory
+
+    try:
+        records = init_memory.run(model=args.model, reps=args.reps, context_len=args.context_len,
+                                  max_model_len=args.max_model_len, multiprocess=args.multiprocess,
+                                  enforce_eager=args.enforce_eager, out=args.out)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0 if all(r["returncode"] == 0 for r in records) else 1
+
+
+def _cmd_bench_ledger(args: argparse.Namespace) -> int:
+    from vllm_edge.harness import ledger
+
+    try:
+        result = ledger.bench(model=args.model, context_len=args.context_len,
+                              max_model_len=args.max_model_len, multiprocess=args.multiprocess,
+                              enforce_eager=args.enforce_eager, out=args.out)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for led in result["ledgers"]:
+        print(json.dumps({k: led[k] for k in ("pid", "rss_anon_mb", "roles", "tied_mb", "kv_cache",
+                                              "opaque_packed_handles", "attributed_mb",
+                                              "unattributed_mb")}, indent=2))
+    return 0
 
 
 def _cmd_bench_import(args: argparse.Namespace) -> int:
@@ -113,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-tokens", type=int, default=64)
     r.add_argument("--max-model-len", type=int, default=2048)
     r.add_argument("--enforce-eager", action="store_true", help="skip torch.compile")
+    r.add_argument("--multiprocess", action="store_true",
+                   help="vLLM's default engine-core and worker processes instead of one process")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=_cmd_run)
 
@@ -122,17 +155,43 @@ def build_parser() -> argparse.ArgumentParser:
     ba.add_argument("--model", default="default")
     ba.add_argument("--starts", type=int, default=3, help="1 cold start, then warm starts")
     ba.add_argument("--cache-root", default=None, help="compile cache root (default: a fresh temp dir)")
+    ba.add_argument("--one-process", action="store_true",
+                    help="run the starts in the edge one-process mode (default: vLLM's processes)")
     ba.add_argument("--no-unpatched", action="store_true",
                     help="skip the final start with the patch disabled (stock vLLM behaviour)")
     ba.add_argument("--out", default="benchmarks/results/aot_cache.json")
     ba.set_defaults(func=_cmd_bench_aot)
+    bm = bsub.add_parser("init-memory", help="ready time and tree RssAnon by start-up phase")
+    bm.add_argument("--model", default="default")
+    bm.add_argument("--reps", type=int, default=1)
+    bm.add_argument("--context-len", type=int, default=1024, help="tokens that fill the KV cache")
+    bm.add_argument("--max-model-len", type=int, default=2048)
+    bm.add_argument("--multiprocess", action="store_true", help="vLLM's default processes")
+    bm.add_argument("--enforce-eager", action="store_true")
+    bm.add_argument("--out", default="benchmarks/results/init_memory.jsonl")
+    bm.set_defaults(func=_cmd_bench_init_memory)
+    bl = bsub.add_parser("ledger", help="attribute the weight process's RssAnon to tensors and KV")
+    bl.add_argument("--model", default="default")
+    bl.add_argument("--context-len", type=int, default=1024)
+    bl.add_argument("--max-model-len", type=int, default=2048)
+    bl.add_argument("--multiprocess", action="store_true")
+    bl.add_argument("--enforce-eager", action="store_true")
+    bl.add_argument("--out", default="benchmarks/results/ledger.json")
+    bl.set_defaults(func=_cmd_bench_ledger)
     bi = bsub.add_parser("plugin-import", help="what the plugin adds to vLLM's import and plugin load")
     bi.add_argument("--reps", type=int, default=5)
     bi.add_argument("--out", default="benchmarks/results/plugin_import.json")
     bi.set_defaults(func=_cmd_bench_import)
-    from vllm_edge.harness.grid_cli import add_grid_commands; add_grid_commands(sub)  # noqa: E702
-    from vllm_edge.quant.cli import add_quant_commands; add_quant_commands(sub)  # noqa: E702
-    from vllm_edge.agent.cli import add_agent_commands; add_agent_commands(sub)  # noqa: E702
+    from vllm_edge.agent.cli import add_agent_commands
+    from vllm_edge.harness.fidelity_cli import add_fidelity_commands
+    from vllm_edge.harness.grid_cli import add_grid_commands
+    from vllm_edge.harness.report import add_report_commands
+    from vllm_edge.harness.speed_cli import add_speed_commands
+    from vllm_edge.quant.cli import add_quant_commands
+
+    for add in (add_quant_commands, add_speed_commands, add_grid_commands, add_fidelity_commands,
+                add_report_commands, add_agent_commands):
+        add(sub)
     return p
 
 

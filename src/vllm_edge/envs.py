@@ -95,10 +95,11 @@ _declare(
 
 _declare(
     "OMP_NUM_THREADS", "int", None,
-    "OpenMP thread count. `bench speed` sets it to the size of its core set before "
-    "torch or vLLM is imported, and records it.",
-    "vLLM's CPU worker binds one OpenMP thread per allowed core anyway; setting it "
-    "keeps the main process's pool the same size.", owner="openmp",
+    "OpenMP thread count, set (never read for a decision) before torch or vLLM is imported: "
+    "`bench speed` sets it to the size of its core set; the edge mode of `run` to the number "
+    "of allowed cores in one-process mode, where vLLM's own thread binding does not run.",
+    "vLLM's multiprocess CPU worker binds one thread per core but reserves one core for the "
+    "frontend; on 2 cores that leaves 1 compute thread.", owner="openmp",
 )
 
 

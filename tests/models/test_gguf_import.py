@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from cli_runner import run_cli
 from vllm_edge.models import default
 from vllm_edge.models.gguf_import import GgufImportError, import_gguf, inspect_gguf
 

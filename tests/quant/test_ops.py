@@ -58,8 +58,9 @@ def test_bias_and_leading_dims():
 
 
 def test_batch_size_is_not_a_graph_guard():
-    """One dynamo graph serves 1 row (tinygemm) and 64 rows (dequantize): the branch is
-    inside the opaque op, traced through its fake impl."""
+    """One dynamo graph serves 2-3 rows (tinygemm) and 9-64 rows (dequantize): the branch
+    is inside the opaque op, traced through its fake impl. (Sizes 0 and 1 are always
+    specialised by dynamo itself, so they are not used here.)"""
     import torch._dynamo as dynamo
     from torch._dynamo.testing import CompileCounter
 
@@ -72,7 +73,7 @@ def test_batch_size_is_not_a_graph_guard():
         return ops.int4_linear(x, p, sz, kg, 4) * 2
 
     dynamo.reset()
-    for rows in (3, 1, 64, 9):
+    for rows in (3, 2, 64, 9):
         x = torch.randn(rows, 128, dtype=torch.bfloat16)
         out = f(x)
         expect = 2 * (x.float() @ ref.t())

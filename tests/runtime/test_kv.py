@@ -18,14 +18,15 @@ def test_smollm2_flat():
     b = kv_budget_for(SMOLLM2, max_model_len=2048, max_num_seqs=4, kv_dtype="bfloat16", block_size=16)
     # 2 (K,V) * 3 heads * 64 dim * 2 bytes = 768 B per token per layer
     assert b.bytes_per_token_per_layer == 768
-    assert b.flat_bytes == 30 * 768 * 2048 * 4 == 188_743_680
+    assert b.null_block_bytes == 30 * 768 * 16
+    assert b.flat_bytes == 30 * 768 * 2048 * 4 + 30 * 768 * 16 == 189_112_320
     assert b.hybrid_bytes == b.flat_bytes
 
 
 def test_block_rounding():
     b = kv_budget_for(SMOLLM2, max_model_len=1000, max_num_seqs=1, block_size=16)
     assert b.tokens_per_seq == 1008
-    assert b.flat_bytes == 30 * 768 * 1008
+    assert b.flat_bytes == 30 * 768 * (1008 + 16)
 
 
 def test_gemma3_hybrid():
@@ -33,8 +34,9 @@ def test_gemma3_hybrid():
     per = 2 * 1 * 256 * 2  # 1024 B
     assert b.bytes_per_token_per_layer == per
     assert b.sliding_layers == 15
-    assert b.flat_bytes == 18 * per * 2048 * 2
-    assert b.hybrid_bytes == (3 * 2048 + 15 * 512) * per * 2
+    null = 18 * per * 16
+    assert b.flat_bytes == 18 * per * 2048 * 2 + null
+    assert b.hybrid_bytes == (3 * 2048 + 15 * 512) * per * 2 + null
     assert b.hybrid_bytes < b.flat_bytes
 
 
@@ -49,7 +51,7 @@ def test_gemma3_pattern_form_and_short_context():
 
 
 def test_fp32_and_bad_input():
-    assert kv_budget_for(SMOLLM2, 16, kv_dtype="float32").flat_bytes == 30 * 1536 * 16
+    assert kv_budget_for(SMOLLM2, 16, kv_dtype="float32").flat_bytes == 30 * 1536 * (16 + 16)
     with pytest.raises(ValueError, match="kv dtype"):
         kv_budget_for(SMOLLM2, 16, kv_dtype="int3")
     with pytest.raises(ValueError):

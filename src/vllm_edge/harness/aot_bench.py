@@ -51,10 +51,12 @@ def last_json_line(stdout: str) -> dict[str, Any]:
 
 
 def one_start(model: str, cache_root: Path, extra_env: dict[str, str] | None = None,
-              timeout: float = 900) -> dict[str, Any]:
+              timeout: float = 900, multiprocess: bool = True) -> dict[str, Any]:
     env = dict(os.environ, VLLM_CACHE_ROOT=str(cache_root))
     env.update(extra_env or {})
     cmd = [sys.executable, "-m", "vllm_edge.cli", "run", "--json", "--model", model, "--max-tokens", "16"]
+    if multiprocess:
+        cmd.append("--multiprocess")
     t0 = time.time()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.time() - t0
@@ -84,7 +86,7 @@ def one_start(model: str, cache_root: Path, extra_env: dict[str, str] | None = N
 
 def run(model: str = "default", starts: int = 3, out: str | None = None,
         cache_root: str | None = None, extra_env: dict[str, str] | None = None,
-        unpatched: bool = True) -> dict[str, Any]:
+        unpatched: bool = True, multiprocess: bool = True) -> dict[str, Any]:
     """``starts`` patched starts (1 cold, then warm), then, if ``unpatched``, one more
     start on the same warm cache with the patch disabled: stock vLLM's behaviour."""
     if starts < 2:
@@ -96,14 +98,15 @@ def run(model: str = "default", starts: int = 3, out: str | None = None,
     root = Path(cache_root)
     records = []
     for i in range(starts):
-        rec = one_start(model, root, extra_env)
+        rec = one_start(model, root, extra_env, multiprocess=multiprocess)
         rec["start"], rec["kind"] = i, ("cold" if i == 0 else "warm")
         records.append(rec)
         print(f"[aot-cache] start {i} ({rec['kind']}): init {rec.get('init_engine_s')} s, "
               f"ready {rec.get('ready_s')} s, direct load {rec['direct_aot_load']}", file=sys.stderr)
     stock = None
     if unpatched:
-        stock = one_start(model, root, {**(extra_env or {}), "VLLM_EDGE_PATCH_AOT_CACHE": "0"})
+        stock = one_start(model, root, {**(extra_env or {}), "VLLM_EDGE_PATCH_AOT_CACHE": "0"},
+                          multiprocess=multiprocess)
         stock["start"], stock["kind"] = starts, "warm cache, patch disabled"
         print(f"[aot-cache] unpatched start: init {stock.get('init_engine_s')} s, "
               f"load failure {stock['aot_load_failure']}", file=sys.stderr)
@@ -137,7 +140,8 @@ def run(model: str = "default", starts: int = 3, out: str | None = None,
         "benchmark": "aot-cache",
         "summary": summary,
         "starts": records,
-        "provenance": provenance.collect(model=_model_dir(model), extra={"cache_root": str(root)}),
+        "provenance": provenance.collect(model=_model_dir(model), extra={
+            "cache_root": str(root), "executor": "multiprocess" if multiprocess else "one process"}),
     }
     if out:
         atomic.write_json(out, result)

@@ -153,13 +153,19 @@ def core_set(cpus: Sequence[int] | None, threads: int | None, allowed: Sequence[
 
 def pin(cores: list[int]) -> dict:
     """Pin this process (and so the engine processes it starts) and set
-    OMP_NUM_THREADS. Must run before torch or vLLM is imported."""
-    early = [m for m in ("torch", "vllm") if m in sys.modules]
-    if early:
-        raise RuntimeError(f"{early} already imported: pinning now would not reach their thread pools")
+    OMP_NUM_THREADS. Must run before vLLM is imported."""
+    if "vllm" in sys.modules:
+        raise RuntimeError("vllm already imported: pinning now would not reach its thread pools")
     os.sched_setaffinity(0, cores)
     os.environ["OMP_NUM_THREADS"] = str(len(cores))
-    return {"cores": cores, "threads": len(cores), "OMP_NUM_THREADS": str(len(cores))}
+    rec = {"cores": cores, "threads": len(cores), "OMP_NUM_THREADS": str(len(cores))}
+    if "torch" in sys.modules:
+        # OpenMP read the variable when torch loaded; its pool is still unstarted, so resize it.
+        import torch
+
+        torch.set_num_threads(len(cores))
+        rec["torch_imported_before_pin"] = True
+    return rec
 
 
 # --- prompts -----------------------------------------------------------------
@@ -284,10 +290,10 @@ def run(cfg: SpeedConfig, pinning: dict | None = None, out: str | os.PathLike | 
     path = Path(_model_path(cfg.model))
     mml = validate(cfg, model_max_len(path))
     edge = edge_engine(path, max_model_len=mml, max_num_seqs=max((1, *cfg.batches)),
-                       dtype=cfg.dtype, enforce_eager=cfg.enforce_eager)
-    edge.kwargs["enable_prefix_caching"] = False
-    edge.reasons["enable_prefix_caching"] = "off: a cached prefix would skip the prefill being measured"
+                       dtype=cfg.dtype, enforce_eager=cfg.enforce_eager,
+                       enable_prefix_caching=False)
     edge.kwargs["disable_log_stats"] = True
+    edge.apply_env()  # before vLLM is imported
 
     memory: dict[str, float] = {}
     with TreeSampler(interval=0.1) as load_mem:

@@ -16,8 +16,10 @@ from vllm_edge.quant import pack
 
 OP_NAME = "edge_cpu_int4_linear"
 EMBED_OP_NAME = "edge_cpu_int4_embedding"
-# Rows above which dequantize-then-GEMM wins; benchmarks/results/cpu_int4_microbench.json.
-DEFAULT_DEQUANT_THRESHOLD = 4
+# Rows above which dequantize-then-GEMM wins. Measured crossover ~240 rows at 1 thread
+# (benchmarks/results/cpu_int4_microbench.json): tinygemm costs ~23 us/row at 576x1536,
+# the torch-op dequantization ~2.5 ms per call. A fused dequant kernel would lower it.
+DEFAULT_DEQUANT_THRESHOLD = 256
 NEVER = 1 << 62  # a threshold that keeps every batch on tinygemm
 
 _lock = threading.Lock()

@@ -13,33 +13,43 @@ from typing import Any
 from vllm_edge.runtime.kv import kv_budget_for
 
 WORKER_EXTENSION = "vllm_edge.runtime.worker_ext.EdgeWorkerExtension"
+# vLLM 0.32's CPU platform sets block_size=128 unless the user chose one.
+CPU_BLOCK_SIZE = 128
 
 
 @dataclass
 class EdgeEngine:
     kwargs: dict[str, Any]
     reasons: dict[str, str] = field(default_factory=dict)
+    # Environment to set in this process before vLLM (and torch) are imported.
+    env: dict[str, str] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
-        return {"engine_args": self.kwargs, "reasons": self.reasons}
+        return {"engine_args": self.kwargs, "env": self.env, "reasons": self.reasons}
+
+    def apply_env(self) -> None:
+        import os
+
+        os.environ.update(self.env)
 
 
 def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_seqs: int = 4,
                 dtype: str = "bfloat16", enforce_eager: bool = False,
-                kv_cache_memory_bytes: int | None = None) -> EdgeEngine:
+                kv_cache_memory_bytes: int | None = None, one_process: bool = True,
+                enable_prefix_caching: bool = True) -> EdgeEngine:
     model_path = Path(model_path)
     config = json.loads((model_path / "config.json").read_text())
     reasons: dict[str, str] = {}
     if kv_cache_memory_bytes is None:
-        budget = kv_budget_for(config, max_model_len, max_num_seqs, dtype)
+        budget = kv_budget_for(config, max_model_len, max_num_seqs, dtype, CPU_BLOCK_SIZE)
         kv_cache_memory_bytes = budget.flat_bytes
         reasons["kv_cache_memory_bytes"] = (
             f"priced from the config: {budget.num_layers} layers x "
             f"{budget.bytes_per_token_per_layer} B/token x {budget.tokens_per_seq} tokens x "
-            f"{max_num_seqs} seqs (vLLM's default reserves a fraction of all RAM)"
+            f"{max_num_seqs} seqs + 1 null block (vLLM's default reserves a fraction of all RAM)"
         )
     else:
-        need = kv_budget_for(config, max_model_len, 1, dtype).flat_bytes
+        need = kv_budget_for(config, max_model_len, 1, dtype, CPU_BLOCK_SIZE).flat_bytes
         if kv_cache_memory_bytes < need:
             raise ValueError(
                 f"kv_cache_memory_bytes={kv_cache_memory_bytes} is too small for one sequence of "
@@ -58,4 +68,24 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
     }
     reasons["worker_extension_cls"] = "lets `run` ask the worker which patches it applied"
     reasons["enforce_eager"] = "requested" if enforce_eager else "compiled graph (cached by the AOT fix)"
-    return EdgeEngine(kwargs, reasons)
+    kwargs["enable_prefix_caching"] = enable_prefix_caching
+    reasons["enable_prefix_caching"] = (
+        "chat turns share their prefix" if enable_prefix_caching else "off, as for pp measurements")
+
+    from vllm_edge.runtime.hw import probe_cpu
+
+    cores = probe_cpu().allowed_cpus
+    env: dict[str, str] = {}
+    if one_process:
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        env["OMP_NUM_THREADS"] = str(len(cores))
+        reasons["VLLM_ENABLE_V1_MULTIPROCESSING"] = (
+            "one process: no engine-core and worker processes to spawn, import and fill with "
+            "their own copies of torch and vLLM")
+        reasons["OMP_NUM_THREADS"] = (
+            f"all {len(cores)} allowed cores {cores}: vLLM's own binding needs the multiprocess "
+            "executor, and it reserves one core for the frontend")
+    else:
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+        reasons["VLLM_ENABLE_V1_MULTIPROCESSING"] = "multiprocess executor requested"
+    return EdgeEngine(kwargs, reasons, env)

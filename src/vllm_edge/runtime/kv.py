@@ -5,6 +5,9 @@ budget from the model instead of guessing: bytes per token per layer are
 ``2 (K and V) * kv_heads * head_dim * dtype_bytes``, and each sequence holds
 ``max_model_len`` tokens rounded up to whole blocks.
 
+vLLM also holds back one block of every layer as its "null block", so the
+budget includes one extra block per layer (``null_block_bytes``).
+
 Two figures:
 - ``flat``: every layer holds the full context. This is how vLLM 0.32 accounts
   today, so it is the figure to hand to ``kv_cache_memory_bytes``.
@@ -32,6 +35,7 @@ class KvBudget:
     sliding_window: int | None
     tokens_per_seq: int  # max_model_len rounded up to blocks
     max_num_seqs: int
+    null_block_bytes: int  # one block per layer that vLLM's block pool never hands out
 
 
 def _get(config: Any, name: str, default: Any = None) -> Any:
@@ -72,11 +76,14 @@ def kv_budget_for(config: Any, max_model_len: int, max_num_seqs: int = 1,
         raise ValueError(f"unknown kv dtype {kv_dtype!r}") from None
     per_tok_layer = 2 * kv_heads * int(head_dim) * dbytes
     tokens = math.ceil(max_model_len / block_size) * block_size
-    flat = n_layers * per_tok_layer * tokens * max_num_seqs
+    null_block = n_layers * per_tok_layer * block_size
+    flat = n_layers * per_tok_layer * tokens * max_num_seqs + null_block
     n_sliding, window = _sliding_layers(cfg, n_layers)
     if n_sliding and window:
         win_tokens = min(tokens, math.ceil(int(window) / block_size) * block_size)
         hybrid = ((n_layers - n_sliding) * tokens + n_sliding * win_tokens) * per_tok_layer * max_num_seqs
+        hybrid += null_block
     else:
         hybrid = flat
-    return KvBudget(flat, hybrid, per_tok_layer, n_layers, n_sliding, window, tokens, max_num_seqs)
+    return KvBudget(flat, hybrid, per_tok_layer, n_layers, n_sliding, window, tokens, max_num_seqs,
+                    null_block)

@@ -9,3 +9,14 @@ class EdgeWorkerExtension:
         from vllm_edge import plugin
 
         return plugin.process_report()
+
+    def vllm_edge_release(self, tag: str = "rpc") -> dict:
+        from vllm_edge.runtime.memory import release_arenas
+
+        return release_arenas(tag).to_dict()
+
+    def vllm_edge_ledger(self, top: int = 10) -> dict:
+        from vllm_edge.harness.ledger import ledger
+
+        runner = self.model_runner
+        return ledger(runner.get_model(), getattr(runner, "kv_caches", ()), top=top)

@@ -1,0 +1,170 @@
+"""cpu_int4 through vLLM's own layers and shard loaders: merged QKV / gate-up, row
+parallel, fallback shapes, the tied head, and bad checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_edge.quant import pack
+from vllm_edge.quant.config import CpuInt4Config
+from vllm_edge.quant.linear import CheckpointError
+
+PREFIX = "model.layers.0"
+
+
+def _cfg(group=128, **kw):
+    cfg = CpuInt4Config(group_size=group, **kw)
+    cfg.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"],
+                                  "gate_up_proj": ["gate_proj", "up_proj"]}
+    return cfg
+
+
+def _quantized(rows, cols, group):
+    w = torch.randn(rows, cols) * 0.05
+    q, s, z = pack.quantize(w, group)
+    p = pack.pack_nibbles(q)
+    return {"weight_packed": p, "weight_scale": s, "weight_zero": z}, pack.dequantize_plain(p, s, z, group)
+
+
+def _load(layer, tensors, shard_id=None):
+    for name, t in tensors.items():
+        param = getattr(layer, name)
+        if shard_id is None:
+            param.weight_loader(param, t)
+        else:
+            param.weight_loader(param, t, shard_id)
+
+
+def _check(layer, ref, rows=(1, 2, 8, 512)):
+    for m in rows:
+        x = torch.randn(m, ref.shape[1], dtype=torch.bfloat16)
+        out = layer(x)
+        out = out[0] if isinstance(out, tuple) else out
+        expect = x.float() @ ref.t()
+        assert (out.float() - expect).abs().max() <= 0.01 * expect.abs().max()
+
+
+def _qkv(cfg):
+    from vllm.model_executor.layers.linear import QKVParallelLinear
+
+    return QKVParallelLinear(576, 64, 9, 3, bias=False, quant_config=cfg,
+                             prefix=f"{PREFIX}.self_attn.qkv_proj", params_dtype=torch.bfloat16)
+
+
+def test_qkv_shards_load_and_match(vllm_dist):
+    layer = _qkv(_cfg())
+    refs = []
+    for sid, rows in (("q", 576), ("k", 192), ("v", 192)):
+        t, ref = _quantized(rows, 576, 128)
+        _load(layer, t, sid)
+        refs.append(ref)
+    layer.quant_method.process_weights_after_loading(layer)
+    assert layer.cpu_int4_mode == "tinygemm"
+    assert set(dict(layer.named_parameters())) == {"weight_packed", "weight_sz"}  # one copy
+    _check(layer, torch.cat(refs))
+
+
+def test_gate_up_and_down(vllm_dist):
+    from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+
+    gu = MergedColumnParallelLinear(576, [1536, 1536], bias=False, quant_config=_cfg(64),
+                                    prefix=f"{PREFIX}.mlp.gate_up_proj", params_dtype=torch.bfloat16)
+    refs = []
+    for sid in (0, 1):
+        t, ref = _quantized(1536, 576, 64)
+        _load(gu, t, sid)
+        refs.append(ref)
+    gu.quant_method.process_weights_after_loading(gu)
+    _check(gu, torch.cat(refs))
+
+    down = RowParallelLinear(1536, 576, bias=False, quant_config=_cfg(64),
+                             prefix=f"{PREFIX}.mlp.down_proj", params_dtype=torch.bfloat16)
+    t, ref = _quantized(576, 1536, 64)
+    _load(down, t)
+    down.quant_method.process_weights_after_loading(down)
+    _check(down, ref)
+
+
+def test_unsupported_shape_falls_back_correctly(vllm_dist):
+    from vllm.model_executor.layers.linear import ReplicatedLinear
+
+    layer = ReplicatedLinear(128, 40, bias=False, quant_config=_cfg(64), prefix="odd_proj",
+                             params_dtype=torch.bfloat16)  # 40 rows: not a multiple of 16
+    t, ref = _quantized(40, 128, 64)
+    _load(layer, t)
+    layer.quant_method.process_weights_after_loading(layer)
+    assert layer.cpu_int4_mode == "fallback"
+    _check(layer, ref)
+
+
+def test_direct_dequant_off_keeps_a_plain_copy(vllm_dist):
+    layer = _qkv(_cfg(direct_dequant=False))
+    refs = []
+    for sid, rows in (("q", 576), ("k", 192), ("v", 192)):
+        t, ref = _quantized(rows, 576, 128)
+        _load(layer, t, sid)
+        refs.append(ref)
+    layer.quant_method.process_weights_after_loading(layer)
+    assert layer.cpu_int4_mode == "tinygemm+plain" and hasattr(layer, "weight_plain")
+    _check(layer, torch.cat(refs))
+
+
+def test_tied_head_is_quantized_and_embedding_reads_the_same_data(vllm_dist):
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        ParallelLMHead,
+        VocabParallelEmbedding,
+    )
+
+    cfg = _cfg(64)
+    vocab, dim = 1024, 128
+    embed = VocabParallelEmbedding(vocab, dim, params_dtype=torch.bfloat16, quant_config=cfg,
+                                   prefix="model.embed_tokens")
+    head = ParallelLMHead(vocab, dim, params_dtype=torch.bfloat16, quant_config=cfg, prefix="lm_head")
+    head = head.tie_weights(embed)
+    t, ref = _quantized(vocab, dim, 64)
+    _load(embed, t)
+    for module in (embed, head):  # vLLM's order: named_modules()
+        module.quant_method.process_weights_after_loading(module)
+    assert not list(head.parameters(recurse=False))  # no own copy: reads embed's packed data
+    x = torch.randn(1, dim, dtype=torch.bfloat16)
+    logits = head.quant_method.apply(head, x)
+    expect = x.float() @ ref.t()
+    assert (logits.float() - expect).abs().max() <= 0.01 * expect.abs().max()
+    ids = torch.tensor([0, 7, 1023, 512])
+    rows = embed(ids)
+    assert rows.dtype == torch.bfloat16
+    assert (rows.float() - ref[ids]).abs().max() <= ref.abs().max() * 2 ** -8
+
+
+# --- bad checkpoints ------------------------------------------------------------------
+
+def test_missing_weight_scale_names_the_tensor(vllm_dist):
+    layer = _qkv(_cfg())
+    for sid, rows in (("q", 576), ("k", 192), ("v", 192)):
+        t, _ = _quantized(rows, 576, 128)
+        if sid == "k":
+            del t["weight_scale"]
+        _load(layer, t, sid)
+    with pytest.raises(CheckpointError, match=r"model\.layers\.0\.self_attn\.k_proj\.weight_scale"):
+        layer.quant_method.process_weights_after_loading(layer)
+
+
+def test_wrong_group_size_names_the_tensor(vllm_dist):
+    layer = _qkv(_cfg(128))
+    t, _ = _quantized(576, 576, 64)  # produced with group 64, config says 128
+    with pytest.raises(CheckpointError, match=r"q_proj\.weight_scale.*group size 64.*group_size is 128"):
+        _load(layer, t, "q")
+
+
+def test_wrong_packed_shape_names_the_tensor(vllm_dist):
+    layer = _qkv(_cfg())
+    t, _ = _quantized(192, 576, 128)
+    bad = torch.zeros(192, 576 // 8, dtype=torch.int32)  # GPTQ-style int32 packing
+    with pytest.raises(CheckpointError, match=r"v_proj\.weight_packed: expected uint8 \[rows, 288\]"):
+        layer.weight_packed.weight_loader(layer.weight_packed, bad, "v")
+
+
+def test_bad_group_in_config_is_rejected():
+    with pytest.raises(ValueError, match="group_size=96"):
+        CpuInt4Config.from_config({"quant_method": "cpu_int4", "group_size": 96})

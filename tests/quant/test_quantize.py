@@ -1,0 +1,85 @@
+"""`vllm-edge quantize` on a tiny synthetic Llama: config, untied head, report, atomicity."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from vllm_edge.quant import pack
+from vllm_edge.quant.quantize import REPORT_NAME, quantize_model
+
+
+@pytest.fixture
+def tiny_llama(tmp_path):
+    from safetensors.torch import save_file
+
+    src = tmp_path / "tiny"
+    src.mkdir()
+    h, inter, vocab = 128, 256, 512
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h,
+           "intermediate_size": inter, "num_hidden_layers": 1, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "vocab_size": vocab, "tie_word_embeddings": True,
+           "torch_dtype": "bfloat16"}
+    (src / "config.json").write_text(json.dumps(cfg))
+    (src / "tokenizer.json").write_text("{}")
+    t = {"model.embed_tokens.weight": torch.randn(vocab, h), "model.norm.weight": torch.ones(h),
+         "model.layers.0.input_layernorm.weight": torch.ones(h)}
+    for name, shape in {"self_attn.q_proj": (h, h), "self_attn.k_proj": (64, h),
+                        "self_attn.v_proj": (64, h), "self_attn.o_proj": (h, h),
+                        "mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h),
+                        "mlp.down_proj": (h, inter)}.items():
+        t[f"model.layers.0.{name}.weight"] = torch.randn(shape) * 0.05
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in t.items()}, str(src / "model.safetensors"))
+    return src
+
+
+def test_quantize_writes_cpu_int4_checkpoint(tiny_llama, tmp_path):
+    from safetensors import safe_open
+
+    dst = quantize_model(tiny_llama, tmp_path / "q", group=64, progress=False)
+    cfg = json.loads((dst / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "cpu_int4"
+    assert cfg["quantization_config"]["group_size"] == 64
+    assert cfg["tie_word_embeddings"] is False
+    assert (dst / "tokenizer.json").exists()
+    with safe_open(str(dst / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+        head = {s: f.get_tensor(f"lm_head.{s}") for s in ("weight_packed", "weight_scale", "weight_zero")}
+        emb = f.get_tensor("model.embed_tokens.weight_packed")
+    assert "lm_head.weight" not in names and "model.layers.0.self_attn.q_proj.weight" not in names
+    assert "model.norm.weight" in names
+    assert head["weight_packed"].shape == (512, 64) and head["weight_packed"].dtype == torch.uint8
+    assert torch.equal(head["weight_packed"], emb)  # the untied head is the embedding, quantized
+    report = json.loads((dst / REPORT_NAME).read_text())
+    assert report["head_untied"] is True
+    by_name = {r["name"]: r for r in report["tensors"]}
+    assert by_name["lm_head.weight"]["bits_per_weight"] == pytest.approx(4.5)
+    assert all(r["snr_db"] > 15 for r in report["tensors"])
+
+
+def test_failed_quantize_leaves_no_partial_output(tiny_llama, tmp_path, monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr("safetensors.torch.save_file", boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        quantize_model(tiny_llama, tmp_path / "q", progress=False)
+    assert not (tmp_path / "q").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".q.")]
+
+
+def test_bad_scheme_and_group():
+    with pytest.raises(ValueError, match="gptq"):
+        quantize_model("x", "y", scheme="gptq")
+    with pytest.raises(ValueError, match="group 32"):
+        quantize_model("x", "y", group=32)
+
+
+def test_cli_parses_quantize():
+    from vllm_edge.cli import build_parser
+
+    args = build_parser().parse_args(["quantize", "a", "b", "--group", "128"])
+    assert (args.src, args.dst, args.scheme, args.group) == ("a", "b", "cpu_int4", 128)
+    assert args.func.__module__ == "vllm_edge.quant.cli"

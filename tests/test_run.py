@@ -1,0 +1,35 @@
+"""`vllm-edge run` as the README runs it: the edge one-process mode on the default model."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli_runner import run_cli
+from vllm_edge.harness.aot_bench import last_json_line
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def result(default_model_dir):
+    proc = run_cli("run", "--json", "--max-tokens", "24")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return last_json_line(proc.stdout)
+
+
+def test_answers_paris(result):
+    assert "Paris" in result["answer"]
+
+
+def test_one_process_with_patches_applied(result):
+    (worker,) = result["worker"]
+    assert worker["pid"] == result["pid"]  # engine core and worker live in the run process
+    assert set(worker["patches"].values()) == {"applied"}
+    assert result["engine"]["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+def test_reports_ready_decode_and_memory(result):
+    assert 0 < result["ready_s"] < 900
+    assert result["decode_tps"] and result["decode_tps"] > 0
+    assert result["peak_tree_rss_anon_mb"] > 200  # torch + vLLM + weights, at the least
+    assert result["generated_tokens"] > 0

@@ -33,3 +33,13 @@ def test_reports_ready_decode_and_memory(result):
     assert result["decode_tps"] and result["decode_tps"] > 0
     assert result["peak_tree_rss_anon_mb"] > 200  # torch + vLLM + weights, at the least
     assert result["generated_tokens"] > 0
+
+
+def test_runs_the_chosen_weight_path(result):
+    from vllm_edge.runtime import hw, weight_path
+
+    expect = weight_path.for_run(hw.profile())  # cpu_int4 g64 on a CPU without AMX
+    wp = result["weight_path"]
+    assert (wp["name"], wp["scheme"], wp["group"]) == (expect.name, expect.scheme, expect.group)
+    assert wp["reasons"] == expect.reasons
+    assert result["model"].endswith(f"smollm2-135m-{expect.scheme}-g{expect.group}")

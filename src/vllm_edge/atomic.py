@@ -68,3 +68,22 @@ def directory(final: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextlib.contextmanager
+def file_path(final: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temp path beside ``final`` for a writer that opens files by name;
+    rename it to ``final`` on success, remove it on any error."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent)
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        yield tmp
+        tmp.chmod(0o644)
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise

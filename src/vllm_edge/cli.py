@@ -18,7 +18,10 @@ def _cmd_models_prepare(args: argparse.Namespace) -> int:
     from vllm_edge.models.gguf_import import GgufImportError
 
     try:
-        path = default.prepare(args.name, force=args.force)
+        if args.quant:
+            path = default.prepare_quantized(args.name, args.quant, args.group, force=args.force)
+        else:
+            path = default.prepare(args.name, force=args.force)
     except (default.ModelNotAvailable, GgufImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -32,6 +35,25 @@ def _cmd_models_import(args: argparse.Namespace) -> int:
     try:
         path = import_gguf(args.file, args.out, force=args.force)
     except GgufImportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    if getattr(args, "verify", False):
+        from vllm_edge.models.gguf_cli import run_verify
+
+        return run_verify(args.file, path, args.verify_out)
+    return 0
+
+
+def _cmd_models_synthetic(args: argparse.Namespace) -> int:
+    from vllm_edge.models import default, synthetic
+
+    try:
+        shape = synthetic.Shape.derive(args.hidden, args.layers, args.vocab, args.intermediate,
+                                       args.heads, args.kv_heads, args.tied)
+        tok = args.tokenizer_from or default.prepare("default")
+        path = synthetic.build(args.out, shape, tokenizer_from=tok, seed=args.seed)
+    except (ValueError, FileNotFoundError, default.ModelNotAvailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(path)
@@ -59,8 +81,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             model=args.model, prompt=args.prompt, system=args.system or None,
             max_tokens=args.max_tokens, max_model_len=args.max_model_len,
             enforce_eager=args.enforce_eager, one_process=not args.multiprocess, as_json=args.json,
+            dtype=args.dtype, priority=args.priority,
         )
-    except (ModelNotAvailable, GgufImportError) as exc:
+    except (ModelNotAvailable, GgufImportError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     chat.print_result(result, args.json)
@@ -128,12 +151,33 @@ def build_parser() -> argparse.ArgumentParser:
     mp = msub.add_parser("prepare", help="convert an embedded model (cached, idempotent)")
     mp.add_argument("name", nargs="?", default="default", help="embedded model key, or 'default'")
     mp.add_argument("--force", action="store_true", help="convert again even if cached")
+    mp.add_argument("--quant", choices=("cpu_int4", "gptq"), default=None,
+                    help="also quantize it (cached beside the bf16 directory)")
+    mp.add_argument("--group", type=int, choices=(64, 128), default=64)
     mp.set_defaults(func=_cmd_models_prepare)
     mi = msub.add_parser("import-gguf", help="convert a GGUF file into a bf16 safetensors directory")
     mi.add_argument("file")
     mi.add_argument("out")
     mi.add_argument("--force", action="store_true", help="convert again even if OUT is up to date")
+    from vllm_edge.models.gguf_cli import add_export_command, add_verify_flags
+
+    add_verify_flags(mi)
     mi.set_defaults(func=_cmd_models_import)
+    add_export_command(msub)
+    ms = msub.add_parser("synthetic", help="a Llama-shaped bf16 checkpoint with random weights")
+    ms.add_argument("out")
+    ms.add_argument("--hidden", type=int, default=2048)
+    ms.add_argument("--layers", type=int, default=16)
+    ms.add_argument("--vocab", type=int, default=49152)
+    ms.add_argument("--intermediate", type=int, default=None, help="default: 2.75x hidden")
+    ms.add_argument("--heads", type=int, default=None, help="default: hidden / 64")
+    ms.add_argument("--kv-heads", type=int, default=None, help="default: heads / 4")
+    ms.add_argument("--tied", action=argparse.BooleanOptionalAction, default=True,
+                    help="tie the head to the embedding (default)")
+    ms.add_argument("--seed", type=int, default=0)
+    ms.add_argument("--tokenizer-from", default=None,
+                    help="model directory whose tokenizer to reuse (default: the embedded model)")
+    ms.set_defaults(func=_cmd_models_synthetic)
     ml = msub.add_parser("list", help="embedded models and whether they are prepared")
     ml.set_defaults(func=_cmd_models_list)
 
@@ -147,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--multiprocess", action="store_true",
                    help="vLLM's default engine-core and worker processes instead of one process")
     r.add_argument("--json", action="store_true", help="print one JSON object")
+    r.add_argument("--dtype", choices=("auto", "bf16"), default="auto",
+                   help="auto: the weight path chosen for this CPU (4-bit); bf16: unquantized")
+    r.add_argument("--priority", choices=("speed", "fidelity"), default="speed",
+                   help="what the weight-path choice favours (see docs/cpu-4bit.md)")
     r.set_defaults(func=_cmd_run)
 
     b = sub.add_parser("bench", help="benchmarks (results go to benchmarks/results/)")
@@ -183,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     bi.add_argument("--out", default="benchmarks/results/plugin_import.json")
     bi.set_defaults(func=_cmd_bench_import)
     from vllm_edge.agent.cli import add_agent_commands
+    from vllm_edge.harness.compare import add_compare_commands
     from vllm_edge.harness.fidelity_cli import add_fidelity_commands
     from vllm_edge.harness.grid_cli import add_grid_commands
     from vllm_edge.harness.report import add_report_commands
@@ -190,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     from vllm_edge.quant.cli import add_quant_commands
 
     for add in (add_quant_commands, add_speed_commands, add_grid_commands, add_fidelity_commands,
-                add_report_commands, add_agent_commands):
+                add_report_commands, add_agent_commands, add_compare_commands):
         add(sub)
     return p
 

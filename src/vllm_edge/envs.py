@@ -74,6 +74,14 @@ _declare(
     "targets. For testing that a missing target is reported loudly; not for users.",
     "Used by tests/test_doctor.py to prove `doctor` exits non-zero on a missing target.",
 )
+_declare(
+    "VLLM_EDGE_HW_PROFILE", "json", None,
+    "JSON object that replaces the CPU probe for the weight-path choice (runtime/hw.py "
+    "profile()): fields of CpuInfo, e.g. {\"arch\": \"x86_64\", \"isa\": [\"avx512\", "
+    "\"amx_tile\", \"amx_int8\"]}. Thread counts still follow the real allowed cores.",
+    "Unset: the probe reads this machine. tests/runtime/test_weight_path.py drives the "
+    "AMX Xeon, Zen 4 and ARM64 choices through it.",
+)
 
 # --- names owned by other projects that we read -----------------------------
 _declare(

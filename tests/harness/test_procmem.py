@@ -50,3 +50,51 @@ def test_process_start_is_before_now_and_after_boot():
     finally:
         child.kill()
         child.wait()
+
+
+def test_kcmp_tells_shared_from_separate_address_spaces():
+    from vllm_edge.harness.procmem import same_address_space
+
+    me = os.getpid()
+    assert same_address_space(me, me) is True
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        time.sleep(0.2)
+        assert same_address_space(me, child.pid) is False
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_vfork_child_is_counted_once():
+    """A clone(CLONE_VM) child shares our address space, as a vfork()ed child does until it
+    execs. Its RssAnon equals ours; the tree sum must count those pages once."""
+    import ctypes
+
+    from vllm_edge.harness import procmem
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    stack = ctypes.create_string_buffer(1 << 16)
+    CHILD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+    pause = libc.pause
+
+    @CHILD
+    def body(_):
+        pause()  # parks the shared-VM child without touching Python state
+        return 0
+
+    CLONE_VM, SIGCHLD = 0x100, 17
+    top = ctypes.c_void_p(ctypes.addressof(stack) + len(stack))
+    libc.clone.argtypes = [CHILD, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    pid = libc.clone(body, top, CLONE_VM | SIGCHLD, None)
+    assert pid > 0
+    try:
+        time.sleep(0.2)
+        assert procmem.same_address_space(os.getpid(), pid) is True
+        mine = procmem.rss_anon_kb(os.getpid()) / 1024
+        total, n = procmem.tree_rss_anon_mb()
+        assert n >= 2
+        assert total < mine * 1.5  # the shared child is not added again
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)

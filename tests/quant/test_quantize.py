@@ -71,8 +71,8 @@ def test_failed_quantize_leaves_no_partial_output(tiny_llama, tmp_path, monkeypa
 
 
 def test_bad_scheme_and_group():
-    with pytest.raises(ValueError, match="gptq"):
-        quantize_model("x", "y", scheme="gptq")
+    with pytest.raises(ValueError, match="awq"):
+        quantize_model("x", "y", scheme="awq")
     with pytest.raises(ValueError, match="group 32"):
         quantize_model("x", "y", group=32)
 

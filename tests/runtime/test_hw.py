@@ -50,3 +50,31 @@ def test_arm64(tmp_path):
 def test_this_machine():
     cpu = probe_cpu()
     assert cpu.logical_cpus >= 1 and cpu.allowed_cpus
+
+
+def _write_sysfs(root, caches=(("1", "Data", "48K"), ("1", "Instruction", "32K"), ("2", "Unified", "2048K"),
+                               ("3", "Unified", "107520K")), nodes=2):
+    base = root / "sys/devices/system/cpu/cpu0/cache"
+    for i, (level, kind, size) in enumerate(caches):
+        d = base / f"index{i}"
+        d.mkdir(parents=True)
+        (d / "level").write_text(level + "\n")
+        (d / "type").write_text(kind + "\n")
+        (d / "size").write_text(size + "\n")
+    for n in range(nodes):
+        (root / f"sys/devices/system/node/node{n}").mkdir(parents=True)
+    (root / "sys/devices/system/node/possible").write_text(f"0-{nodes - 1}\n")
+
+
+def test_sysfs_caches_and_numa(tmp_path):
+    _write(tmp_path, *SNAPSHOTS["amx_xeon"])
+    _write_sysfs(tmp_path)
+    cpu = probe_cpu(tmp_path, arch="x86_64")
+    assert cpu.cache_kib == {"L1d": 48, "L2": 2048, "L3": 107520}
+    assert cpu.numa_nodes == 2
+
+
+def test_missing_sysfs_is_empty(tmp_path):
+    _write(tmp_path, *SNAPSHOTS["zen4"])
+    cpu = probe_cpu(tmp_path, arch="x86_64")
+    assert cpu.cache_kib == {} and cpu.numa_nodes == 0

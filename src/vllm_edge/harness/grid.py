@@ -10,7 +10,8 @@ A spec is JSON::
      "timeout_s": 1800,                 # optional per-run timeout
      "arms": [{"name": "bf16", "cmd": ["python", "bench.py"], "env": {"X": "1"}}]}
 
-Each run is a subprocess pinned to ``cores`` whose metrics are the last JSON
+An arm command starting with ``python`` runs under this interpreter. Each run
+is a subprocess pinned to ``cores`` whose metrics are the last JSON
 object line it prints on stdout. Each arm gets its own ``VLLM_CACHE_ROOT``
 under the work dir, kept across passes (so warm passes are warm) and never
 shared between arms (so one arm's compile artifacts cannot serve another). An
@@ -210,9 +211,11 @@ def run_arm(arm: Arm, cache_root: Path, cores: list[int] | None, timeout: float 
     rec: dict[str, Any] = {"arm": arm.name, "cmd": arm.cmd, "env": arm.env,
                            "cache_root": str(root), "cache_cold": cold,
                            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    # "python" means this interpreter, so a spec runs the same venv wherever it is launched.
+    argv = [sys.executable, *arm.cmd[1:]] if arm.cmd[0] == "python" else arm.cmd
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(arm.cmd, env=env, capture_output=True, text=True,
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True,
                               timeout=timeout, preexec_fn=pin)
     except subprocess.TimeoutExpired as exc:
         err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")

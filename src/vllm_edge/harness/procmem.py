@@ -7,10 +7,29 @@ reading only our own VmRSS measures the wrong thing.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import threading
 import time
 from dataclasses import dataclass, field
+
+# kcmp(2) tells whether two processes share one address space. A vfork()ed
+# child (subprocess launches, compiler probes) shows its parent's RssAnon until
+# it execs; summing both would count the same pages twice.
+_SYS_KCMP = {"x86_64": 312, "aarch64": 272}.get(platform.machine())
+_KCMP_VM = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def same_address_space(pid_a: int, pid_b: int) -> bool | None:
+    """True if both pids share one mm; None when the kernel cannot tell us."""
+    if _SYS_KCMP is None:
+        return None
+    r = _libc.syscall(_SYS_KCMP, pid_a, pid_b, _KCMP_VM, 0, 0)
+    if r < 0:
+        return None
+    return r == 0
 
 
 def rss_anon_kb(pid: int) -> int | None:
@@ -39,27 +58,35 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
-def process_tree(root_pid: int | None = None) -> list[int]:
-    """The root and all of its descendants, rescanned on every call."""
-    root_pid = os.getpid() if root_pid is None else root_pid
-    seen, stack = [], [root_pid]
+def _tree_with_parents(root_pid: int) -> list[tuple[int, int | None]]:
+    seen: dict[int, int | None] = {}
+    stack: list[tuple[int, int | None]] = [(root_pid, None)]
     while stack:
-        pid = stack.pop()
+        pid, parent = stack.pop()
         if pid in seen:
             continue
-        seen.append(pid)
-        stack.extend(_children(pid))
-    return seen
+        seen[pid] = parent
+        stack.extend((kid, pid) for kid in _children(pid))
+    return list(seen.items())
+
+
+def process_tree(root_pid: int | None = None) -> list[int]:
+    """The root and all of its descendants, rescanned on every call."""
+    return [pid for pid, _ in _tree_with_parents(os.getpid() if root_pid is None else root_pid)]
 
 
 def tree_rss_anon_mb(root_pid: int | None = None) -> tuple[float, int]:
-    """(RssAnon summed over the tree in MB, number of live processes)."""
+    """(RssAnon summed over the tree in MB, number of live processes). A child that
+    still shares its parent's address space (vfork before exec) is counted once."""
     total, n = 0, 0
-    for pid in process_tree(root_pid):
+    for pid, parent in _tree_with_parents(os.getpid() if root_pid is None else root_pid):
         kb = rss_anon_kb(pid)
-        if kb is not None:
-            total += kb
-            n += 1
+        if kb is None:
+            continue
+        n += 1
+        if parent is not None and same_address_space(pid, parent):
+            continue
+        total += kb
     return total / 1024.0, n
 
 

@@ -74,6 +74,55 @@ def prepare(name: str = DEFAULT, *, force: bool = False, progress: bool = True) 
     return import_gguf(source_gguf(model), prepared_dir(model), force=force, progress=progress)
 
 
+def quantized_dir(model: EmbeddedModel, scheme: str = "cpu_int4", group: int = 64) -> Path:
+    return envs.home() / "models" / f"{model.key}-{scheme}-g{group}"
+
+
+def _quant_manifest(bf16: Path, scheme: str, group: int) -> dict:
+    import json
+
+    from vllm_edge.quant.quantize import CONVERTER_VERSION
+
+    base = json.loads((bf16 / MANIFEST_NAME).read_text())
+    return {"source": str(bf16), "source_sha256": base.get("source_sha256"),
+            "converter": f"{CONVERTER_VERSION}+{base.get('converter')}",
+            "scheme": scheme, "group_size": group}
+
+
+def _read_manifest(path: Path) -> dict:
+    import json
+
+    try:
+        return json.loads((path / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def quantized_ready(name: str = DEFAULT, scheme: str = "cpu_int4", group: int = 64) -> bool:
+    """Cheap check (no hashing): is a checkpoint from the current quantizer cached?"""
+    from vllm_edge.quant.quantize import CONVERTER_VERSION
+
+    have = _read_manifest(quantized_dir(resolve_key(name), scheme, group))
+    return (str(have.get("converter", "")).startswith(CONVERTER_VERSION + "+")
+            and have.get("scheme") == scheme and have.get("group_size") == group)
+
+
+def prepare_quantized(name: str = DEFAULT, scheme: str = "cpu_int4", group: int = 64, *,
+                      force: bool = False, progress: bool = True) -> Path:
+    """Quantize the embedded model once (after its bf16 conversion); later calls return
+    the cached directory. The manifest ties it to the bf16 source and the quantizer."""
+    from vllm_edge.quant.quantize import quantize_model
+
+    model = resolve_key(name)
+    bf16 = prepare(name, progress=progress)
+    want = _quant_manifest(bf16, scheme, group)
+    out = quantized_dir(model, scheme, group)
+    have = _read_manifest(out)
+    if not force and all(have.get(k) == v for k, v in want.items() if k != "source"):
+        return out
+    return quantize_model(bf16, out, scheme=scheme, group=group, progress=progress, manifest=want)
+
+
 def resolve_model_path(name: str) -> Path:
     """A model argument as the CLI takes it: 'default', an embedded key, or a path."""
     if name == "default" or name in MODELS:

@@ -19,11 +19,13 @@ from typing import Any, Iterator
 import torch
 
 from vllm_edge import atomic
-from vllm_edge.quant import pack
+from vllm_edge.quant import gptq, pack
 
-SCHEMES = ("cpu_int4",)
+SCHEMES = ("cpu_int4", "gptq")
 GROUPS = (64, 128)
 REPORT_NAME = "quantization_report.json"
+# Bump when the output of a scheme changes, so cached checkpoints are redone.
+CONVERTER_VERSION = "quantize/1"
 # the source's import manifest describes the bf16 conversion, not this checkpoint
 _SKIP_COPY = {"config.json", "model.safetensors.index.json", REPORT_NAME, "vllm_edge_manifest.json"}
 
@@ -45,6 +47,27 @@ def _load(ref: tuple[Path, str]) -> torch.Tensor:
 
     with safe_open(str(ref[0]), framework="pt") as h:
         return h.get_tensor(ref[1])
+
+
+def _shape(ref: tuple[Path, str]) -> tuple[int, ...]:
+    from safetensors import safe_open
+
+    with safe_open(str(ref[0]), framework="pt") as h:
+        return tuple(h.get_slice(ref[1]).get_shape())
+
+
+def _encode_cpu_int4(t: torch.Tensor, group: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    q, scale, zero = pack.quantize(t, group)
+    packed = pack.pack_nibbles(q)
+    tensors = {"weight_packed": packed, "weight_scale": scale.contiguous(),
+               "weight_zero": zero.contiguous()}
+    return tensors, pack.dequantize_plain(packed, scale, zero, group)
+
+
+def _encode_gptq(t: torch.Tensor, group: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    q, scale = gptq.quantize_sym(t, group)
+    tensors = gptq.pack(q, scale, group)
+    return tensors, gptq.dequantize(tensors)
 
 
 def _text_config(config: dict) -> dict:
@@ -72,8 +95,14 @@ def snr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:
 def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_int4",
                    group: int = 64, *, quantize_embedding: bool = True,
                    modules_to_not_convert: list[str] | None = None,
-                   progress: bool = True) -> Path:
-    """Write a ``cpu_int4`` checkpoint of ``src_dir`` to ``dst_dir`` (atomically)."""
+                   progress: bool = True, manifest: dict | None = None) -> Path:
+    """Write a ``cpu_int4`` (or ``gptq``: see :mod:`.gptq`) checkpoint of ``src_dir`` to
+    ``dst_dir`` (atomically). ``gptq`` keeps the input embedding in bf16 (vLLM's GPTQ
+    reads no quantized embedding) and quantizes the untied head.
+
+    ``manifest``, if given, is written as ``vllm_edge_manifest.json`` inside the same
+    atomic rename, so a cached checkpoint with a manifest is always complete.
+    """
     from safetensors.torch import save_file
     from tqdm import tqdm
 
@@ -85,6 +114,8 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
     config = json.loads((src / "config.json").read_text())
     skip = list(modules_to_not_convert or [])
     refs = dict(_open_tensors(src))
+    if scheme == "gptq":
+        quantize_embedding = False
     text_cfg = _text_config(config)
     tied = bool(text_cfg.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
     embed_name = next((n for n in refs if n.endswith("embed_tokens.weight")), None)
@@ -94,6 +125,9 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
         refs[head_name] = refs[embed_name]
         untied = True
 
+    if scheme == "gptq":  # fail before any work on a shape GPTQ cannot store
+        gptq.check_model({n: _shape(r) for n, r in refs.items()
+                          if _should_quantize(n, _shape(r), quantize_embedding, skip)}, group)
     started = time.time()
     out: dict[str, torch.Tensor] = {}
     report: list[dict[str, Any]] = []
@@ -106,23 +140,19 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
                 out[name] = t.contiguous()
                 bar.update(1)
                 continue
-            q, scale, zero = pack.quantize(t, group)
-            packed = pack.pack_nibbles(q)
             base = name[: -len(".weight")]
-            out[f"{base}.weight_packed"] = packed
-            out[f"{base}.weight_scale"] = scale.contiguous()
-            out[f"{base}.weight_zero"] = zero.contiguous()
-            deq = pack.dequantize_plain(packed, scale, zero, group)
-            bits = packed.numel() * 8 + (scale.numel() + zero.numel()) * 16
+            tensors, deq = (_encode_gptq if scheme == "gptq" else _encode_cpu_int4)(t, group)
+            out.update({f"{base}.{suffix}": v for suffix, v in tensors.items()})
+            bits = sum(v.numel() * v.element_size() * 8 for v in tensors.values())
             report.append({
                 "name": name, "shape": list(t.shape), "snr_db": round(snr_db(t, deq), 3),
                 "bits_per_weight": round(bits / t.numel(), 4),
                 "tied_head_copy": untied and name == head_name,
             })
-            del t, q, deq
+            del t, tensors, deq
             bar.update(1)
 
-    qcfg = {
+    qcfg = gptq.quantization_config(group) if scheme == "gptq" else {
         "quant_method": scheme, "bits": 4, "group_size": group,
         "quantize_embedding": quantize_embedding, "prefill_dequant": True,
         "dequant_threshold": _default_threshold(), "direct_dequant": True,
@@ -155,6 +185,10 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
                 shutil.copy2(f, tmp / f.name)
         (tmp / "config.json").write_text(json.dumps(new_config, indent=2) + "\n")
         (tmp / REPORT_NAME).write_text(json.dumps(summary, indent=2) + "\n")
+        if scheme == "gptq":  # AutoGPTQ-style tools read it from here
+            (tmp / "quantize_config.json").write_text(json.dumps(qcfg, indent=2) + "\n")
+        if manifest is not None:
+            (tmp / "vllm_edge_manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return dst
 
 

@@ -1,13 +1,15 @@
-"""Hardware probe: CPU ISA flags and the cores this process may use.
+"""Hardware probe: CPU ISA flags, the cores this process may use, caches and NUMA nodes.
 
-Reads ``/proc/cpuinfo`` under an injectable root so tests can feed captured
-snapshots of other machines.
+Reads ``/proc/cpuinfo`` and sysfs under an injectable root so tests can feed captured
+snapshots of other machines. :func:`profile` is the probe as the weight-path choice sees
+it: ``VLLM_EDGE_HW_PROFILE`` (JSON) replaces it.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -32,6 +34,10 @@ class CpuInfo:
     isa: dict[str, bool] = field(default_factory=dict)
     logical_cpus: int = 0
     allowed_cpus: list[int] = field(default_factory=list)
+    # cache level name ("L1d", "L2", "L3") -> KiB, as cpu0 sees it; empty when sysfs is absent
+    cache_kib: dict[str, int] = field(default_factory=dict)
+    numa_nodes: int = 0
+    source: str = "probe"  # "probe" or "VLLM_EDGE_HW_PROFILE"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -66,4 +72,72 @@ def probe_cpu(root: str | os.PathLike = "/", arch: str | None = None) -> CpuInfo
         allowed = sorted(os.sched_getaffinity(0))
     else:
         allowed = list(range(n))
-    return CpuInfo(arch=arch, model_name=model or "unknown", isa=isa, logical_cpus=n, allowed_cpus=allowed)
+    return CpuInfo(arch=arch, model_name=model or "unknown", isa=isa, logical_cpus=n,
+                   allowed_cpus=allowed, cache_kib=_caches(root), numa_nodes=_numa_nodes(root))
+
+
+def _size_kib(text: str) -> int | None:
+    m = re.fullmatch(r"(\d+)([KMG]?)", text.strip())
+    if not m:
+        return None
+    n, unit = int(m.group(1)), m.group(2)
+    return {"": n // 1024, "K": n, "M": n * 1024, "G": n * 1024 * 1024}[unit]
+
+
+def _caches(root: str | os.PathLike) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in sorted(Path(root, "sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level = (d / "level").read_text().strip()
+            kind = (d / "type").read_text().strip()
+            size = _size_kib((d / "size").read_text())
+        except OSError:
+            continue
+        if kind == "Instruction" or size is None:
+            continue
+        out[f"L{level}d" if kind == "Data" else f"L{level}"] = size
+    return out
+
+
+def _numa_nodes(root: str | os.PathLike) -> int:
+    return len([p for p in Path(root, "sys/devices/system/node").glob("node[0-9]*") if p.is_dir()])
+
+
+def profile(root: str | os.PathLike = "/", arch: str | None = None) -> CpuInfo:
+    """The probe, or ``VLLM_EDGE_HW_PROFILE`` when set.
+
+    The override is a JSON object with the fields of :class:`CpuInfo`; ``isa`` may be a
+    dict or a list of the flag names that are present. Fields it omits keep their probed
+    values, except ``isa``: a given ``isa`` replaces the probed one (missing flags are
+    false), so a snapshot of another machine never inherits this one's flags.
+    """
+    from vllm_edge import envs
+
+    probed = probe_cpu(root, arch)
+    override = envs.get("VLLM_EDGE_HW_PROFILE")
+    if override is None:
+        return probed
+    if not isinstance(override, dict):
+        raise ValueError(f"VLLM_EDGE_HW_PROFILE must be a JSON object, got {type(override).__name__}")
+    unknown = set(override) - set(CpuInfo.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"VLLM_EDGE_HW_PROFILE: unknown field(s) {sorted(unknown)}; "
+                         f"known: {sorted(CpuInfo.__dataclass_fields__)}")
+    fields = probed.to_dict()
+    fields.update(override)
+    if "isa" in override:
+        table = ARM_FLAGS if fields["arch"] in ("aarch64", "arm64") else X86_FLAGS
+        given = override["isa"]
+        present = {k for k, v in given.items() if v} if isinstance(given, dict) else set(given)
+        by_flag = {flag: name for name, flag in table.items()}  # raw cpuinfo names work too
+        bad = sorted(f for f in present if f not in table and f not in by_flag)
+        if bad:
+            raise ValueError(f"VLLM_EDGE_HW_PROFILE: unknown isa flag(s) {bad} for {fields['arch']}; "
+                             f"known: {sorted(table)}")
+        present = {by_flag.get(f, f) for f in present}
+        fields["isa"] = {name: name in present for name in table}
+    elif fields["arch"] != probed.arch:
+        raise ValueError("VLLM_EDGE_HW_PROFILE changes arch but gives no isa; "
+                         "give both so this machine's flags are not carried over")
+    fields["source"] = "VLLM_EDGE_HW_PROFILE"
+    return CpuInfo(**fields)

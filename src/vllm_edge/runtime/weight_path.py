@@ -1,0 +1,132 @@
+"""Which weights run on this CPU: vLLM's W4A8 GPTQ path, our ``cpu_int4`` (W4A16), or bf16.
+
+:func:`select_weight_path` is pure: a hardware profile in, a path and its reasons out
+(design.md §3 gives the facts). :func:`for_run` applies what ``vllm-edge run`` can
+actually build today on top of it, and says so whenever it departs from the choice.
+
+Why ``fidelity`` picks ``cpu_int4`` and not bf16: W4A16 and W4A8 share 4-bit weights;
+W4A8 also rounds every activation row to int8, W4A16 keeps them in bf16, so W4A16 is the
+higher-fidelity 4-bit path. bf16 costs ~3.5x the weight bytes and is what the quality
+checks compare against; it is one flag away (``--dtype bf16``), never an automatic choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+PATHS = ("gptq_w4a8", "cpu_int4", "bf16")
+PRIORITIES = ("speed", "fidelity")
+# the quantized checkpoint each path runs (scheme, group); g64 keeps SmolLM2-135M's answers
+CHECKPOINT = {"gptq_w4a8": ("gptq", 64), "cpu_int4": ("cpu_int4", 64), "bf16": (None, None)}
+_ARM = ("aarch64", "arm64")
+_X86 = ("x86_64", "amd64", "i686", "i386")
+
+
+@dataclass
+class WeightPath:
+    name: str
+    reasons: list[str] = field(default_factory=list)
+    # False when nobody has measured this path on this kind of CPU
+    verified: bool = True
+    fallback_from: str | None = None
+
+    # the checkpoint it runs; filled from CHECKPOINT for the three known paths
+    scheme: str | None = None
+    group: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.scheme is None and self.group is None:
+            self.scheme, self.group = CHECKPOINT.get(self.name, (None, None))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _fields(profile: Any) -> tuple[str, dict[str, bool], int]:
+    d = profile if isinstance(profile, dict) else profile.to_dict()
+    return str(d.get("arch", "")), dict(d.get("isa") or {}), int(d.get("numa_nodes") or 0)
+
+
+def select_weight_path(profile: Any, priority: str = "speed") -> WeightPath:
+    """``profile``: a :class:`~vllm_edge.runtime.hw.CpuInfo` or its dict."""
+    if priority not in PRIORITIES:
+        raise ValueError(f"priority {priority!r}: expected one of {PRIORITIES}")
+    arch, isa, numa = _fields(profile)
+    amx = isa.get("amx_tile", False) and isa.get("amx_int8", False)
+    reasons: list[str] = []
+    if arch in _ARM:
+        reasons.append("ARM64: vLLM's W4A8 kernel (int4_scaled_mm_cpu) needs x86 AMX")
+        reasons.append("cpu_int4 runs torch's tinygemm, which has an ARM build, but neither its "
+                       "speed nor its packed layout has been measured on ARM (the loader re-checks "
+                       "the layout and keeps a plain copy if it differs)")
+        path = WeightPath("cpu_int4", reasons, verified=False)
+    elif arch.lower() not in _X86:
+        reasons.append(f"arch {arch or 'unknown'}: no measured 4-bit path; cpu_int4 is the portable one")
+        path = WeightPath("cpu_int4", reasons, verified=False)
+    elif priority == "fidelity":
+        reasons.append("priority fidelity: W4A16 keeps activations in bf16, W4A8 also rounds "
+                       "them to int8; bf16 weights are opt-in with --dtype bf16")
+        path = WeightPath("cpu_int4", reasons)
+    elif amx:
+        reasons.append("x86 with AMX (amx_tile, amx_int8) and priority speed: vLLM's W4A8 kernel "
+                       "int4_scaled_mm_cpu runs a symmetric GPTQ checkpoint on the AMX tiles "
+                       "(VLLM_CPU_INT4_W4A8 defaults to on)")
+        reasons.append("not measured by this project: no AMX machine was available")
+        path = WeightPath("gptq_w4a8", reasons, verified=False)
+    else:
+        if isa.get("amx_tile"):
+            reasons.append("AMX tiles without amx_int8: the W4A8 kernel needs int8 tiles")
+        else:
+            reasons.append("x86 without AMX: vLLM's W4A8 kernel is AMX-only; without it vLLM runs GPTQ "
+                           "as W4A16 too (cpu_gemm_wna16 'vec'), and cpu_int4 is our W4A16 path")
+        if isa.get("avx512"):
+            reasons.append("AVX-512: tinygemm measured here at 3.7x bf16 on a 1-row 4096x4096 GEMM, "
+                           "1 thread (benchmarks/results/cpu_int4_microbench.json)")
+            path = WeightPath("cpu_int4", reasons)
+        else:
+            reasons.append("no AVX-512: tinygemm's AVX2 path has not been measured")
+            path = WeightPath("cpu_int4", reasons, verified=False)
+    if numa > 1:
+        path.reasons.append(f"{numa} NUMA nodes: one copy of the weights serves all cores "
+                            "(cross-node reads not measured)")
+    return path
+
+
+def gptq_export_status() -> tuple[bool, str]:
+    """Can ``run`` build and serve the GPTQ checkpoint the W4A8 path needs?"""
+    from vllm_edge.quant.quantize import SCHEMES
+
+    if "gptq" not in SCHEMES:
+        return False, "the GPTQ exporter (`vllm-edge quantize --scheme gptq`) is not implemented yet"
+    return True, ""
+
+
+def for_run(profile: Any, priority: str = "speed", dtype: str = "auto") -> WeightPath:
+    """The path ``run`` takes: the selection, ``--dtype bf16``, and any fallback, with reasons."""
+    chosen = select_weight_path(profile, priority)
+    if dtype == "bf16":
+        return WeightPath("bf16", ["--dtype bf16: unquantized weights, as requested "
+                                   f"(the probe would choose {chosen.name})"])
+    if dtype != "auto":
+        raise ValueError(f"dtype {dtype!r}: expected 'auto' or 'bf16'")
+    if chosen.name == "gptq_w4a8":
+        ok, why = gptq_export_status()
+        if not ok:
+            return WeightPath("cpu_int4", chosen.reasons + [f"falling back to cpu_int4: {why}"],
+                              verified=True, fallback_from="gptq_w4a8")
+    return chosen
+
+
+def for_checkpoint(path: Any) -> WeightPath:
+    """A model directory the user named runs as stored: report what it is, choose nothing."""
+    import json
+    from pathlib import Path
+
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    method = (cfg.get("quantization_config") or {}).get("quant_method")
+    name = "bf16" if method is None else str(method)
+    group = (cfg.get("quantization_config") or {}).get("group_size")
+    return WeightPath(name, [f"a model directory runs as stored (quantization_config: "
+                             f"{method or 'none'}); --dtype and the probe do not requantize it"],
+                      scheme=method, group=group)

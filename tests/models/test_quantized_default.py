@@ -1,0 +1,85 @@
+"""The default model's cached cpu_int4 build (`models prepare --quant`) and how `run` reaches it.
+
+A tiny synthetic Llama stands in for the bf16 conversion; nothing here loads vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_edge.models import default, synthetic
+
+
+@pytest.fixture
+def fake_bf16(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path / "home"))
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text("{}")
+    shape = synthetic.Shape.derive(128, 1, 512, intermediate=256, heads=4, kv_heads=2)
+    bf16 = synthetic.build(default.prepared_dir(default.resolve_key("default")), shape,
+                           tokenizer_from=tok, progress=False)
+    monkeypatch.setattr(default, "prepare", lambda name="default", **k: bf16)
+    return bf16
+
+
+def test_quantizes_once_beside_the_bf16_dir(fake_bf16, monkeypatch):
+    from vllm_edge.quant import quantize
+
+    assert not default.quantized_ready("default")
+    out = default.prepare_quantized("default", progress=False)
+    assert out == fake_bf16.parent / "smollm2-135m-cpu_int4-g64"
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "cpu_int4"
+    assert cfg["quantization_config"]["group_size"] == 64
+    manifest = json.loads((out / default.MANIFEST_NAME).read_text())
+    assert manifest["converter"] == f"{quantize.CONVERTER_VERSION}+{synthetic.CONVERTER_VERSION}"
+    assert (manifest["scheme"], manifest["group_size"], manifest["source"]) == ("cpu_int4", 64, str(fake_bf16))
+    assert default.quantized_ready("default")
+    assert not default.quantized_ready("default", group=128)
+
+    calls = []
+    monkeypatch.setattr(quantize, "quantize_model", lambda *a, **k: calls.append(a))
+    assert default.prepare_quantized("default", progress=False) == out
+    assert calls == []  # cached
+    default.prepare_quantized("default", force=True, progress=False)
+    assert len(calls) == 1
+
+
+def test_a_new_source_is_quantized_again(fake_bf16, monkeypatch):
+    from vllm_edge.quant import quantize
+
+    default.prepare_quantized("default", progress=False)
+    m = fake_bf16 / default.MANIFEST_NAME
+    m.write_text(json.dumps({**json.loads(m.read_text()), "source_sha256": "new"}))
+    calls = []
+    monkeypatch.setattr(quantize, "quantize_model", lambda *a, **k: calls.append(k["manifest"]))
+    default.prepare_quantized("default", progress=False)
+    assert calls and calls[0]["source_sha256"] == "new"
+
+
+def test_run_quantizes_in_a_child_process_only_when_needed(fake_bf16, monkeypatch):
+    import subprocess
+
+    from vllm_edge import chat
+
+    monkeypatch.setattr(default, "source_gguf", lambda m: "x.gguf")
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, check: calls.append(cmd))
+    target = chat._model_path("default", "cpu_int4", 64)
+    assert target == default.quantized_dir(default.resolve_key("default"))
+    assert calls and calls[0][-6:] == ["prepare", "default", "--quant", "cpu_int4", "--group", "64"]
+    default.prepare_quantized("default", progress=False)
+    calls.clear()
+    assert chat._model_path("default", "cpu_int4", 64) == target
+    assert calls == []
+
+
+def test_cli_prepare_quant(fake_bf16, capsys):
+    from vllm_edge.cli import main
+
+    assert main(["models", "prepare", "default", "--quant", "cpu_int4"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.endswith("smollm2-135m-cpu_int4-g64") and default.quantized_ready("default")

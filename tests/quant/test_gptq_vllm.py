@@ -1,0 +1,120 @@
+"""The `--scheme gptq` export of SmolLM2-135M loads in stock vLLM through its in-tree CPU
+GPTQ path (cpu_gemm_wna16 here: no AMX, so not W4A8) and matches the dequantized reference.
+
+One engine (module-scoped); the reference is transformers in fp32 on the weights read back
+from the packed checkpoint, run after the engine is torn down.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "What is the capital of France?"}]
+
+
+def _reference_logprobs(q_dir, ids):
+    """fp32 transformers forward on the dequantized GPTQ tensors: the expectation."""
+    from safetensors import safe_open
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from vllm_edge.quant import gptq
+
+    cfg = json.loads((q_dir / "config.json").read_text())
+    cfg.pop("quantization_config")
+    model = LlamaForCausalLM(LlamaConfig(**cfg)).float().eval()
+    state, groups = {}, {}
+    with safe_open(str(q_dir / "model.safetensors"), framework="pt") as f:
+        for name in f.keys():
+            base, _, suffix = name.rpartition(".")
+            if suffix in ("qweight", "qzeros", "scales", "g_idx"):
+                groups.setdefault(base, {})[suffix] = f.get_tensor(name)
+            else:
+                state[name] = f.get_tensor(name).float()
+    for base, t in groups.items():
+        state[f"{base}.weight"] = gptq.dequantize(t)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and not missing, (missing, unexpected)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, -1]
+    return torch.log_softmax(logits.float(), -1)
+
+
+@pytest.fixture(scope="module")
+def gptq_run(default_model_dir):
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+    from vllm.distributed import cleanup_dist_env_and_memory
+    from vllm.inputs import TokensPrompt
+
+    from vllm_edge.models import default
+    from vllm_edge.runtime.engine import edge_engine
+    from vllm_edge.runtime.kv import kv_budget_for
+
+    # cached under VLLM_EDGE_HOME like the bf16 build, so only the first CI run pays for it
+    q_dir = default.prepare_quantized("default", "gptq", 64, progress=False)
+    ids = AutoTokenizer.from_pretrained(str(q_dir)).apply_chat_template(
+        MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False)
+    cfg = json.loads((q_dir / "config.json").read_text())
+    block = kv_budget_for(cfg, 128, 1, "bfloat16", 128).flat_bytes // 2  # one 128-token block
+    edge = edge_engine(q_dir, max_model_len=512, max_num_seqs=1, enforce_eager=True,
+                       kv_cache_memory_bytes=(64 << 20) + block)
+    old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # one process: apply_model + cleanup
+    try:
+        llm = LLM(**edge.kwargs, seed=0)
+        first = llm.generate(TokensPrompt(prompt_token_ids=ids),
+                             SamplingParams(temperature=0, max_tokens=1, logprobs=5), use_tqdm=False)[0]
+        answer = llm.generate(TokensPrompt(prompt_token_ids=ids),
+                              SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0]
+
+        def describe(m):
+            out = {}
+            for name in ("model.layers.0.self_attn.qkv_proj", "model.layers.0.mlp.down_proj", "lm_head"):
+                mod = m.get_submodule(name)
+                qm = mod.quant_method
+                out[name] = {"method": type(qm).__name__,
+                             "kernel": type(getattr(qm, "kernel", None)).__name__,
+                             "w4a8": getattr(mod, "use_w4a8", None), "isa": getattr(mod, "isa_hint", None)}
+            out["embed"] = type(m.get_submodule("model.embed_tokens").quant_method).__name__
+            return out
+
+        layers = llm.apply_model(describe)[0]
+        del llm
+    finally:
+        gc.collect()
+        cleanup_dist_env_and_memory()
+        if old is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
+    ref = _reference_logprobs(q_dir, ids)
+    return first.outputs[0], answer.outputs[0].text, layers, ref
+
+
+def test_loads_through_the_in_tree_cpu_gptq_path(gptq_run):
+    _, answer, layers, _ = gptq_run
+    print(layers, "\nanswer:", answer)
+    for name in ("model.layers.0.self_attn.qkv_proj", "model.layers.0.mlp.down_proj", "lm_head"):
+        assert layers[name]["method"] == "AutoGPTQLinearMethod", (name, layers[name])
+        assert layers[name]["kernel"] == "CPUWNA16LinearKernel", (name, layers[name])
+    assert layers["embed"] == "UnquantizedEmbeddingMethod"  # the head is quantized, untied
+
+
+def test_first_token_matches_the_dequantized_reference(gptq_run):
+    first, _, _, ref = gptq_run
+    token = first.token_ids[0]
+    lp = first.logprobs[0]
+    print("vllm top:", {t: round(v.logprob, 3) for t, v in lp.items()},
+          "ref top:", {int(t): round(float(ref[t]), 3) for t in ref.topk(5).indices})
+    assert token == int(ref.argmax())
+    # bf16 activations in vLLM against an fp32 reference on the same weights
+    for t, v in lp.items():
+        assert abs(v.logprob - float(ref[t])) < 0.3, (t, v.logprob, float(ref[t]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cli_runner import run_cli
-from vllm_edge.harness.aot_bench import last_json_line
+from vllm_edge.harness.jsonline import last_json_line
 
 pytestmark = pytest.mark.slow
 

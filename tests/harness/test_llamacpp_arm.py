@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from vllm_edge.harness import llamacpp_arm
-from vllm_edge.harness.aot_bench import last_json_line
+from vllm_edge.harness.jsonline import last_json_line
 from vllm_edge.models import default
 
 LLAMA_CPP_REASON = "llama-cpp-python is not installed (pip install 'vllm-edge[baselines]')"

@@ -8,7 +8,6 @@ prove a warm start compiled nothing).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import statistics
@@ -21,6 +20,7 @@ from typing import Any
 
 from vllm_edge import atomic
 from vllm_edge.harness import provenance
+from vllm_edge.harness.jsonline import last_json_line
 
 DIRECT_LOAD = "Directly load AOT compilation"
 LOAD_FAILURE = "Compiling model again due to a load failure"
@@ -37,17 +37,6 @@ def parse_start_log(stderr: str) -> dict[str, Any]:
         "aot_saved": SAVED in stderr,
         "load_failure_reasons": re.findall(rf"{LOAD_FAILURE} from \S+, reason: (.*)", stderr),
     }
-
-
-def last_json_line(stdout: str) -> dict[str, Any]:
-    for line in reversed(stdout.splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                continue
-    raise ValueError("no JSON object line in the output")
 
 
 def one_start(model: str, cache_root: Path, extra_env: dict[str, str] | None = None,

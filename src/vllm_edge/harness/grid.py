@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from vllm_edge import atomic
 from vllm_edge.harness import stats
-from vllm_edge.harness.aot_bench import last_json_line
+from vllm_edge.harness.jsonline import last_json_line
 
 EXIT_OK, EXIT_REGRESSION, EXIT_SPEC, EXIT_BUSY, EXIT_LOCKED, EXIT_ARM_FAILED = 0, 1, 2, 3, 4, 5
 

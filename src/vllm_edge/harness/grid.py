@@ -38,6 +38,7 @@ from typing import Any, Callable
 from vllm_edge import atomic
 from vllm_edge.harness import stats
 from vllm_edge.harness.jsonline import last_json_line
+from vllm_edge.runtime.hw import sample_cpu_busy
 
 EXIT_OK, EXIT_REGRESSION, EXIT_SPEC, EXIT_BUSY, EXIT_LOCKED, EXIT_ARM_FAILED = 0, 1, 2, 3, 4, 5
 
@@ -55,36 +56,6 @@ class SpecError(ValueError):
 
 
 # --- contention guard --------------------------------------------------------
-
-def _read_cpu_times() -> dict[int, tuple[int, int]]:
-    """{cpu: (busy_ticks, total_ticks)} from /proc/stat."""
-    out: dict[int, tuple[int, int]] = {}
-    with open("/proc/stat") as f:
-        for line in f:
-            if not line.startswith("cpu") or line.startswith("cpu "):
-                continue
-            parts = line.split()
-            ticks = [int(x) for x in parts[1:]]
-            # guest/guest_nice are already counted in user/nice.
-            total = sum(ticks[:8])
-            idle = ticks[3] + ticks[4]  # idle + iowait
-            out[int(parts[0][3:])] = (total - idle, total)
-    return out
-
-
-def sample_cpu_busy(cores: list[int], seconds: float = 1.0) -> dict[int, float]:
-    """Percent busy per core over ``seconds``, from two /proc/stat snapshots."""
-    a = _read_cpu_times()
-    time.sleep(seconds)
-    b = _read_cpu_times()
-    out = {}
-    for c in cores:
-        if c not in a or c not in b:
-            continue
-        dbusy, dtotal = b[c][0] - a[c][0], b[c][1] - a[c][1]
-        out[c] = round(100.0 * dbusy / dtotal, 1) if dtotal > 0 else 0.0
-    return out
-
 
 def contention(cores: list[int], threshold_pct: float, sampler: Sampler = sample_cpu_busy,
                seconds: float = 1.0) -> dict:
@@ -331,8 +302,12 @@ def run_grid(spec: dict | str | os.PathLike, passes: int, out_dir: str | os.Path
              busy_threshold_pct: float = DEFAULT_BUSY_PCT, sampler: Sampler = sample_cpu_busy,
              sample_seconds: float = 1.0, noisy_pct: float = stats.DEFAULT_NOISY_PCT,
              lock_path: str | os.PathLike | None = DEFAULT_LOCK, wait_lock: bool = False,
-             cores: list[int] | None = None, log: Callable[[str], None] = print) -> dict:
+             cores: list[int] | None = None, log: Callable[[str], None] = print,
+             warmup: bool = False) -> dict:
     """Run the grid and write ``results.jsonl`` and ``summary.json`` into ``out_dir``.
+
+    ``warmup`` runs every arm once before pass 0 (filling its compile cache); those
+    runs are written with ``"warmup": true`` and left out of the summary.
 
     Raises :class:`HostBusy` before any run when the target cores are busy and
     ``allow_busy`` is false, and :class:`LockHeld` when another harness holds the lock.
@@ -363,6 +338,16 @@ def run_grid(spec: dict | str | os.PathLike, passes: int, out_dir: str | os.Path
         atomic.write_text(results_path, "")
         records: list[dict] = []
         pass_meta = []
+        warm_failed = []
+        if warmup:
+            for arm in arms:
+                rec = run_arm(arm, cache_roots[arm.name], cores, timeout)
+                rec.update({"pass": None, "warmup": True, "busy": pre["busy"]})
+                atomic.append_jsonl(results_path, [rec])
+                if not rec["ok"]:
+                    warm_failed.append(arm.name)
+                status = "ok" if rec["ok"] else f"FAILED ({rec['error']})"
+                log(f"warm-up {arm.name}: {status} in {rec['wall_s']} s")
         for k in range(passes):
             # Pass 0 reuses the pre-flight sample; later passes are sampled afresh.
             c = pre if k == 0 else contention(cores, busy_threshold_pct, sampler, sample_seconds)
@@ -385,6 +370,7 @@ def run_grid(spec: dict | str | os.PathLike, passes: int, out_dir: str | os.Path
             "cache_roots": {a: str(p) for a, p in cache_roots.items()},
             "arms": [{"name": a.name, "cmd": a.cmd, "env": a.env} for a in arms],
             "pass_meta": pass_meta,
+            "warmup": warmup, "warmup_failed": warm_failed,
             "busy_passes": [p["pass"] for p in pass_meta if p["busy"]],
             "noisy_pct": noisy_pct,
             "results_file": str(results_path),
@@ -463,7 +449,8 @@ def main_from_args(args: Any) -> int:
         summary = run_grid(spec, args.passes, out_dir, work_dir=args.work_dir,
                            allow_busy=args.allow_busy, busy_threshold_pct=args.busy_threshold,
                            noisy_pct=args.noisy_pct, lock_path=args.lock_file,
-                           wait_lock=args.wait_lock, cores=cores)
+                           wait_lock=args.wait_lock, cores=cores,
+                           warmup=getattr(args, "warmup", False))
     except SpecError as exc:
         err(str(exc))
         return EXIT_SPEC

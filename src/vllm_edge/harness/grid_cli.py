@@ -19,6 +19,8 @@ def add_grid_commands(sub: "argparse._SubParsersAction") -> None:
                     "3 host busy, 4 host lock held, 5 an arm never succeeded.")
     g.add_argument("spec", help="grid spec JSON (see vllm_edge/harness/grid.py)")
     g.add_argument("--passes", type=int, default=3, help="passes over all arms (default 3)")
+    g.add_argument("--warmup", action="store_true",
+                   help="run every arm once first (fills its compile cache); not summarized")
     g.add_argument("--out", default=None,
                    help="result directory (default benchmarks/results/grid/<spec name>)")
     g.add_argument("--work-dir", default=None,

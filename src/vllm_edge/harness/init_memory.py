@@ -7,6 +7,11 @@ children, and phase marks record the tree at:
 
 before_import, after_import, after_engine, after_release, after_generate,
 after_fill (a prompt of ``--context-len`` tokens fills the KV cache).
+
+The child's switches turn single levers off (``--multiprocess``,
+``--kv-gib N`` for vLLM's whole-GiB sizing instead of the priced budget,
+``--no-release``), so a grid can show each lever's share; with the patch
+switches and ``VLLM_PLUGINS=""`` in the arm's environment it also runs stock.
 """
 
 from __future__ import annotations
@@ -37,7 +42,14 @@ def child_main(argv: list[str]) -> int:
     ap.add_argument("--context-len", type=int, default=1024)
     ap.add_argument("--multiprocess", action="store_true")
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--kv-gib", type=int, default=None,
+                    help="size the KV cache as stock vLLM does, VLLM_CPU_KVCACHE_SPACE=N GiB")
+    ap.add_argument("--no-release", action="store_true", help="do not ask the worker to trim arenas")
     a = ap.parse_args(argv)
+    if not os.path.isdir(a.model):
+        from vllm_edge.chat import _model_path
+
+        a.model = str(_model_path(a.model))
 
     started = process_start_epoch()
     marks: list[dict[str, Any]] = []
@@ -53,6 +65,11 @@ def child_main(argv: list[str]) -> int:
         edge = edge_engine(a.model, max_model_len=a.max_model_len, enforce_eager=a.enforce_eager,
                            one_process=not a.multiprocess, max_num_seqs=1,
                            enable_prefix_caching=False)
+        if a.kv_gib is not None:
+            # Stock sizing: no explicit budget, vLLM's own env in whole GiB.
+            del edge.kwargs["kv_cache_memory_bytes"]
+            edge.env["VLLM_CPU_KVCACHE_SPACE"] = str(a.kv_gib)
+            edge.reasons["kv_cache_memory_bytes"] = f"stock: VLLM_CPU_KVCACHE_SPACE={a.kv_gib} GiB"
         edge.apply_env()
         t0 = time.time()
         from vllm import LLM, SamplingParams
@@ -64,7 +81,8 @@ def child_main(argv: list[str]) -> int:
         init_s = time.time() - t1
         ready_s = time.time() - started
         mark("after_engine")
-        releases = llm.collective_rpc("vllm_edge_release", args=("bench",))
+        releases = (None if a.no_release
+                    else llm.collective_rpc("vllm_edge_release", args=("bench",)))
         mark("after_release")
         params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
         llm.generate(["The capital of France is"], params, use_tqdm=False)
@@ -75,10 +93,12 @@ def child_main(argv: list[str]) -> int:
         worker = llm.collective_rpc("vllm_edge_report")
         del llm
     settled = next(m for m in marks if m["phase"] == "after_release")
+    filled = next(m for m in marks if m["phase"] == "after_fill")
     print(json.dumps({
         "ready_s": round(ready_s, 3), "import_s": round(import_s, 3), "init_s": round(init_s, 3),
         "peak_tree_rss_anon_mb": round(sampler.peak_mb, 1), "peak_processes": sampler.peak_procs,
         "settled_tree_rss_anon_mb": settled["tree_rss_anon_mb"],
+        "filled_tree_rss_anon_mb": filled["tree_rss_anon_mb"],
         "phases": marks, "releases": releases, "worker": worker, "engine": edge.describe(),
     }), flush=True)
     return 0

@@ -78,14 +78,29 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
     env: dict[str, str] = {}
     if one_process:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        env["OMP_NUM_THREADS"] = str(len(cores))
         reasons["VLLM_ENABLE_V1_MULTIPROCESSING"] = (
             "one process: no engine-core and worker processes to spawn, import and fill with "
             "their own copies of torch and vLLM")
-        reasons["OMP_NUM_THREADS"] = (
-            f"all {len(cores)} allowed cores {cores}: vLLM's own binding needs the multiprocess "
-            "executor, and it reserves one core for the frontend")
+        threads, why = thread_count(cores)
+        env["OMP_NUM_THREADS"] = str(threads)
+        reasons["OMP_NUM_THREADS"] = why
     else:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         reasons["VLLM_ENABLE_V1_MULTIPROCESSING"] = "multiprocess executor requested"
     return EdgeEngine(kwargs, reasons, env)
+
+
+def thread_count(cores: list[int]) -> tuple[int, str]:
+    """Compute threads for one-process mode, and why."""
+    from vllm_edge import envs
+
+    asked = envs.get("VLLM_EDGE_THREADS")
+    if asked is not None:
+        if asked < 1:
+            raise ValueError(f"VLLM_EDGE_THREADS={asked}: needs at least 1 thread")
+        if asked > len(cores):
+            return len(cores), (f"VLLM_EDGE_THREADS={asked} capped to the {len(cores)} allowed "
+                                f"cores {cores}: more threads than cores only wait on each other")
+        return asked, f"VLLM_EDGE_THREADS={asked} (of {len(cores)} allowed cores {cores})"
+    return len(cores), (f"all {len(cores)} allowed cores {cores}: vLLM's own binding needs the "
+                        "multiprocess executor, and it reserves one core for the frontend")

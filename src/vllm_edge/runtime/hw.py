@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -141,3 +142,35 @@ def profile(root: str | os.PathLike = "/", arch: str | None = None) -> CpuInfo:
                          "give both so this machine's flags are not carried over")
     fields["source"] = "VLLM_EDGE_HW_PROFILE"
     return CpuInfo(**fields)
+
+
+# --- load on the cores (the grid's pre-flight and doctor's thread advice) ---
+
+def read_cpu_times() -> dict[int, tuple[int, int]]:
+    """{cpu: (busy_ticks, total_ticks)} from /proc/stat."""
+    out: dict[int, tuple[int, int]] = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            if not line.startswith("cpu") or line.startswith("cpu "):
+                continue
+            parts = line.split()
+            ticks = [int(x) for x in parts[1:]]
+            # guest/guest_nice are already counted in user/nice.
+            total = sum(ticks[:8])
+            idle = ticks[3] + ticks[4]  # idle + iowait
+            out[int(parts[0][3:])] = (total - idle, total)
+    return out
+
+
+def sample_cpu_busy(cores: list[int], seconds: float = 1.0) -> dict[int, float]:
+    """Percent busy per core over ``seconds``, from two /proc/stat snapshots."""
+    a = read_cpu_times()
+    time.sleep(seconds)
+    b = read_cpu_times()
+    out = {}
+    for c in cores:
+        if c not in a or c not in b:
+            continue
+        dbusy, dtotal = b[c][0] - a[c][0], b[c][1] - a[c][1]
+        out[c] = round(100.0 * dbusy / dtotal, 1) if dtotal > 0 else 0.0
+    return out

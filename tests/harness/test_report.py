@@ -105,3 +105,27 @@ def test_empty_results_dir(tmp_path):
     out = report.report(d, tmp_path / "results.md")
     assert out["plots"] == []
     assert "No speed artifacts yet" in (tmp_path / "results.md").read_text()
+
+
+def test_grid_summaries_become_tables_with_flags_and_source(results, tmp_path):
+    from vllm_edge.harness import grid
+
+    recs = [{"arm": a, "ok": True, "pass": k, "metrics": {"ready_s": v, "peak_mb": m}}
+            for k, (a, v, m) in enumerate([("stock", 90.0, 3000.0), ("edge", 17.0, 1100.0),
+                                           ("stock", 94.0, 3040.0), ("edge", 16.0, 1120.0)])]
+    summary = grid.summarize_runs(recs, ["stock", "edge"], ["ready_s", "peak_mb"], 10.0)
+    summary.update({"name": "levers", "description": "one lever per arm", "passes": 2,
+                    "arms": [{"name": "stock"}, {"name": "edge"}], "busy_passes": [1], "warmup": True})
+    gdir = results / "grid" / "levers"
+    gdir.mkdir(parents=True)
+    (gdir / "summary.json").write_text(json.dumps(summary))
+    doc = tmp_path / "results.md"
+    report.report(results, doc)
+    text = doc.read_text()
+    section = text[text.index("### `grid/levers`"):]
+    assert "one lever per arm" in section
+    assert re.search(r"\| stock \| 92 ±2% \| 3020 ±1% \|", section), section
+    assert re.search(r"\| edge \| 16\.5 ±3% \| 1110 ±1% \|", section), section
+    assert "busy passes [1]" in section and "warm-up" in section
+    assert "leader: edge" in section
+    assert f"Source: `{results}/grid/levers/summary.json`" in section

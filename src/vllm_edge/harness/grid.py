@@ -366,7 +366,7 @@ def run_grid(spec: dict | str | os.PathLike, passes: int, out_dir: str | os.Path
                 log(f"pass {k} [{pos + 1}/{len(arms)}] {arm.name}: {status} in {rec['wall_s']} s")
         summary = summarize_runs(records, [a.name for a in arms], spec.get("metrics"), noisy_pct)
         summary.update({
-            "name": spec["name"], "passes": passes, "cores": cores, "work_dir": str(work),
+            "name": spec["name"], "description": spec.get("description"), "passes": passes, "cores": cores, "work_dir": str(work),
             "cache_roots": {a: str(p) for a, p in cache_roots.items()},
             "arms": [{"name": a.name, "cmd": a.cmd, "env": a.env} for a in arms],
             "pass_meta": pass_meta,

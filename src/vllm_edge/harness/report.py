@@ -259,6 +259,8 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
         lines += ["", _source(aot), ""]
         used |= set(map(id, aot))
 
+    lines += grid_sections(Path(results_display), results_display)
+
     other = [a for a in arts if id(a) not in used]
     if other or skipped:
         lines += ["## Other artifacts", ""]
@@ -266,6 +268,53 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
         lines += [f"- skipped {s}" for s in skipped]
         lines += [""]
     return "\n".join(lines).rstrip() + "\n", written
+
+
+def _cell(s: dict | None) -> str:
+    if not s or s.get("median") is None:
+        return "–"
+    spread = "" if s.get("spread_pct") is None else f" ±{s['spread_pct'] / 2:.0f}%"
+    return f"{_fmt(s['median'])}{spread}"
+
+
+def grid_sections(results_dir: Path, results_display: str) -> list[str]:
+    """One table per grid run under ``grid/``: median (± half the spread) per arm and metric,
+    flags from the grid's own judgement, and each arm's delta against the spec's baseline arm."""
+    lines: list[str] = []
+    summaries = sorted((results_dir / "grid").glob("*/summary.json"))
+    if not summaries:
+        return lines
+    lines += ["## Grid runs", "",
+              "Medians over rotated passes, ± half the min–max spread. `NOT A RANKING`: the top "
+              "two arms overlap inside their spreads, so no order is claimed.", ""]
+    for f in summaries:
+        try:
+            g = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            lines += [f"- skipped `{f}`: {exc}", ""]
+            continue
+        metrics = g.get("metrics") or {}
+        arms = [a["name"] for a in g.get("arms") or []]
+        if not metrics or not arms:
+            continue
+        src = f"{results_display}/grid/{f.parent.name}/summary.json"
+        busy = g.get("busy_passes") or []
+        lines += [f"### `grid/{f.parent.name}` (spec `{g.get('name')}`)", ""]
+        if g.get("description"):
+            lines += [g["description"], ""]
+        names = list(metrics)
+        rows = [[arm, *[_cell(metrics[m]["arms"].get(arm)) for m in names]] for arm in arms]
+        lines += _table(["arm", *names], rows)
+        flags = []
+        for m in names:
+            r = metrics[m].get("ranking") or {}
+            tag = "; ".join(r.get("flags") or []) or (f"leader: {r['leader']}" if r.get("leader") else "")
+            if tag:
+                flags.append(f"`{m}`: {tag}")
+        lines += ["", f"{g.get('passes')} passes" + (f", busy passes {busy}" if busy else "")
+                  + (" (after a warm-up pass)" if g.get("warmup") else "") + ". " + "; ".join(flags), ""]
+        lines += [f"Source: `{src}`", ""]
+    return lines
 
 
 def splice(doc: str, body: str) -> str:

@@ -70,3 +70,19 @@ def test_doctor_detects_the_torchvision_trap(tmp_path):
     assert proc.returncode == 1
     assert "torchvision 0.29.1 is installed and fails to import" in proc.stdout
     assert "torchvision::nms" in proc.stdout
+
+
+def test_doctor_shows_the_norm_provider_and_whether_it_is_in_the_default_priority():
+    off = json.loads(run_cli("doctor", "--json", timeout=300).stdout)
+    on = json.loads(run_cli("doctor", "--json", env={"VLLM_EDGE_RMSNORM_PROVIDER": "1"}, timeout=300).stdout)
+    (p_off,), (p_on,) = off["ir_providers"], on["ir_providers"]
+    assert p_off["provider"] == p_on["provider"] == "edge_cpu"
+    assert p_off["supported"] and p_off["ops"] == {"rms_norm": "registered", "fused_add_rms_norm": "registered"}
+    assert p_off["in_default_priority"] is False
+    assert p_off["default_priority"]["rms_norm"] == ["native"]
+    assert p_on["in_default_priority"] is True
+    assert p_on["default_priority"]["fused_add_rms_norm"] == ["edge_cpu", "native"]
+    names = {r["name"] for r in off["registrations"]}
+    assert {"rms_norm:edge_cpu", "fused_add_rms_norm:edge_cpu"} <= names
+    text = run_cli("doctor", timeout=300).stdout
+    assert "not in the default priority" in text and "--ir-op-priority" in text

@@ -230,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     bi.add_argument("--reps", type=int, default=5)
     bi.add_argument("--out", default="benchmarks/results/plugin_import.json")
     bi.set_defaults(func=_cmd_bench_import)
+    from vllm_edge.kernels.microbench import add_command as add_rmsnorm_bench
+
+    add_rmsnorm_bench(bsub)
     from vllm_edge.agent.cli import add_agent_commands
     from vllm_edge.harness.compare import add_compare_commands
     from vllm_edge.harness.fidelity_cli import add_fidelity_commands

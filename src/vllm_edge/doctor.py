@@ -47,6 +47,13 @@ def collect() -> dict[str, Any]:
     except Exception as exc:  # report, don't crash: this is the command users run when things break
         patch_list = []
         problems.append(f"the plugin could not load: {type(exc).__name__}: {exc}")
+    try:
+        from vllm_edge.kernels import rms_norm
+
+        providers = [rms_norm.describe()]
+    except Exception as exc:
+        providers = []
+        problems.append(f"IR providers: {type(exc).__name__}: {exc}")
     cpu = probe_cpu()
     try:
         from vllm_edge.runtime import hw, weight_path
@@ -65,6 +72,7 @@ def collect() -> dict[str, Any]:
                 "numa_nodes": cpu.numa_nodes},
         "patches": patch_list,
         "registrations": [r.__dict__ for r in plugin.registrations()],
+        "ir_providers": providers,
         "env": envs.in_effect(),
         "torchvision_trap": trap,
         "weight_path": path,
@@ -149,7 +157,16 @@ def render(report: dict[str, Any]) -> str:
         if p["state"] != "applied" and p["detail"]:
             lines.append(f"  {'':<12} {p['detail']}")
     lines.append("registrations:")
-    lines += [f"  {r['name']:<12} {r['kind']:<20} {r['state']}" for r in report["registrations"]] or ["  (none)"]
+    lines += [f"  {r['name']:<28} {r['kind']:<20} {r['state']}" for r in report["registrations"]] or ["  (none)"]
+    lines.append("IR op providers:")
+    for p in report.get("ir_providers", []):
+        yes = "yes" if p["supported"] else "no"
+        lines.append(f"  {p['provider']:<12} {', '.join(p['ops'])}: supported here: {yes}")
+        where = "in" if p["in_default_priority"] else "not in"
+        lines.append(f"  {'':<12} {where} the default priority of vllm-edge's engines ({p['switch']}): "
+                     + "; ".join(f"{op}={','.join(v)}" for op, v in p["default_priority"].items()))
+        if not p["in_default_priority"]:
+            lines.append(f"  {'':<12} opt in: {p['opt_in']}")
     lines.append("environment (ours, in effect):")
     lines += [f"  {k}={v}" for k, v in report["env"].items()] or ["  (none set; defaults apply)"]
     if report["problems"]:

@@ -82,6 +82,16 @@ _declare(
     "Unset: the probe reads this machine. tests/runtime/test_weight_path.py drives the "
     "AMX Xeon, Zen 4 and ARM64 choices through it.",
 )
+_declare(
+    "VLLM_EDGE_RMSNORM_PROVIDER", "bool", False,
+    "Put the edge_cpu provider (vLLM's own _C rms_norm / fused_add_rms_norm CPU kernels, "
+    "registered through vllm.ir; kernels/rms_norm.py) first in the ir_op_priority of "
+    "vllm-edge's engines (`run`, `bench speed`). Off leaves vLLM's CPU default, native. The "
+    "provider stays selectable with --ir-op-priority either way.",
+    "Off until an end-to-end A/B ranks it: benchmarks/specs/rmsnorm.json (bf16 and cpu_int4, "
+    "pp512 and tg128); isolated timings in benchmarks/results/rmsnorm_micro.json. "
+    "design.md 2.4: inductor already fuses the native norm with the residual add.",
+)
 
 # --- names owned by other projects that we read -----------------------------
 _declare(

@@ -56,6 +56,9 @@ def register() -> None:
         from vllm_edge import quant
 
         quant.register()
+        from vllm_edge import kernels
+
+        kernels.register()
         _registered_pid = os.getpid()
     logging.getLogger("vllm_edge").info(
         "plugin loaded: patches %s",
@@ -65,6 +68,15 @@ def register() -> None:
 
 def registrations() -> list[Registration]:
     return list(_registrations)
+
+
+def _ir_priority() -> dict[str, list[str]] | None:
+    """The IR dispatch priority vLLM installed in this process (set at worker init)."""
+    try:
+        from vllm.ir.op import IrOp
+    except ImportError:
+        return None
+    return {name: op.get_priority() for name, op in sorted(IrOp.registry.items())}
 
 
 def process_report() -> dict:
@@ -80,6 +92,7 @@ def process_report() -> dict:
         "aot_noop_attached": list(aot_cache.attached),
         "arena_releases": [r.to_dict() for r in memory.history],
         "registrations": [r.name for r in _registrations],
+        "ir_priority": _ir_priority(),
     }
     try:  # proves "compiled nothing" vs "loaded the cached artifact"
         from dataclasses import asdict

@@ -276,3 +276,49 @@ def test_warmup_runs_each_arm_once_first_and_is_not_summarized(fake_arm, grid_kw
     recs = _records(grid_kwargs["out_dir"])
     assert [r.get("warmup", False) for r in recs] == [True, True, False, False, False, False]
     assert summary["warmup"] is True and summary["warmup_failed"] == []
+
+
+# --- A/B pairs ------------------------------------------------------------------
+
+def test_pairs_are_judged_on_their_own(fake_arm, grid_kwargs):
+    # Four arms, two levers: the overall ranking compares "int4 *" only; each pair gets its verdict.
+    arms = [fake_arm("bf16 a", [{"tg_tps": 40.0}, {"tg_tps": 41.0}, {"tg_tps": 42.0}]),
+            fake_arm("bf16 b", [{"tg_tps": 50.0}, {"tg_tps": 51.0}, {"tg_tps": 52.0}]),
+            fake_arm("int4 a", [{"tg_tps": 80.0}, {"tg_tps": 85.0}, {"tg_tps": 90.0}]),
+            fake_arm("int4 b", [{"tg_tps": 82.0}, {"tg_tps": 86.0}, {"tg_tps": 88.0}])]
+    spec = {"arms": arms, "pairs": [["bf16 a", "bf16 b"], ["int4 a", "int4 b"]]}
+    s = grid.run_grid(spec, passes=3, **grid_kwargs)
+    assert s["metrics"]["tg_tps"]["ranking"]["order"][:2] == ["int4 b", "int4 a"]
+    bf16, int4 = s["pairs"]
+    assert (bf16["a"], bf16["b"]) == ("bf16 a", "bf16 b")
+    assert bf16["metrics"]["tg_tps"]["ranking"]["leader"] == "bf16 b"
+    assert bf16["metrics"]["tg_tps"]["b_over_a"] == pytest.approx(51.0 / 41.0, abs=1e-4)
+    assert int4["metrics"]["tg_tps"]["ranking"]["flags"] == [stats.NOT_A_RANKING]
+    # Judging a pair does not add flags to the overall per-arm summaries.
+    assert stats.NOT_A_RANKING not in s["metrics"]["tg_tps"]["arms"]["bf16 b"]["flags"]
+    text = grid.format_summary(s)
+    assert "pair bf16 a -> bf16 b:" in text and "leader: bf16 b" in text
+
+
+@pytest.mark.parametrize("pairs, msg", [
+    ([["a", "nope"]], "no arm named 'nope'"),
+    ([["a", "a"]], "two distinct arm names"),
+    ([["a"]], "two distinct arm names"),
+    ("a,b", "must be a list"),
+])
+def test_bad_pairs_are_spec_errors(pairs, msg):
+    arms = [{"name": "a", "cmd": ["python", "x"]}, {"name": "b", "cmd": ["python", "x"]}]
+    with pytest.raises(grid.SpecError, match=msg):
+        grid.load_spec({"arms": arms, "pairs": pairs})
+
+
+def test_the_rmsnorm_spec_parses_with_one_cache_per_arm_and_one_lever_per_pair():
+    spec = grid.load_spec(Path(__file__).resolve().parents[2] / "benchmarks" / "specs" / "rmsnorm.json")
+    arms = {a.name: a for a in spec["arms"]}
+    assert len(arms) == 4 and len(spec["pairs"]) == 2
+    for a, b in spec["pairs"]:
+        # Only the provider switch differs inside a pair.
+        assert arms[a].cmd == arms[b].cmd
+        assert arms[a].env == {"VLLM_EDGE_RMSNORM_PROVIDER": "0"}
+        assert arms[b].env == {"VLLM_EDGE_RMSNORM_PROVIDER": "1"}
+        assert "VLLM_CACHE_ROOT" not in arms[a].env  # the grid gives each arm its own

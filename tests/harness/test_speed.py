@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from vllm_edge.cli import build_parser
@@ -133,3 +135,19 @@ def test_metric_line_holds_only_metrics():
     line = speed.metric_line(res)
     assert line == {"benchmark": "speed", "build": "m (bfloat16, eager)", "pp64_tps": 100.0,
                     "tg8_tps": 20.0, "load_s": 3.0, "peak_rss_anon_mb": 700.0}
+
+
+def test_quant_picks_the_cached_quantized_build(default_model_dir):
+    from vllm_edge.models import default
+
+    if not default.quantized_ready("default", "cpu_int4", 64):
+        pytest.skip("the default model's cpu_int4 g64 build is not cached")
+    path = speed.model_path(SpeedConfig(quant="cpu_int4", group=64))
+    assert path == default.quantized_dir(default.resolve_key("default"), "cpu_int4", 64)
+    assert json.loads((path / "config.json").read_text())["quantization_config"]["quant_method"] == "cpu_int4"
+    assert speed.model_path(SpeedConfig()) == default_model_dir
+
+
+def test_quant_with_a_directory_model_is_refused(tmp_path):
+    with pytest.raises(SpeedArgError, match="--quant cpu_int4 needs an embedded model name"):
+        speed.model_path(SpeedConfig(model=str(tmp_path), quant="cpu_int4"))

@@ -8,6 +8,7 @@ A spec is JSON::
      "threads": 2,                      # optional; recorded into provenance
      "metrics": ["tg128_tps"],          # optional; default: every numeric key seen
      "timeout_s": 1800,                 # optional per-run timeout
+     "pairs": [["bf16", "int4"]],       # optional A/B pairs, each judged on its own
      "arms": [{"name": "bf16", "cmd": ["python", "bench.py"], "env": {"X": "1"}}]}
 
 An arm command starting with ``python`` runs under this interpreter. Each run
@@ -146,8 +147,19 @@ def load_spec(spec: dict | str | os.PathLike) -> dict:
             raise SpecError(f"arm names must be distinct (after slugging): {a['name']!r}")
         slugs.add(slug)
         parsed.append(Arm(a["name"], list(cmd), env))
+    pairs = spec.get("pairs") or []
+    names = {a.name for a in parsed}
+    if not isinstance(pairs, list):
+        raise SpecError("'pairs' must be a list of [arm_a, arm_b] name pairs")
+    for i, pair in enumerate(pairs):
+        if not (isinstance(pair, list) and len(pair) == 2 and pair[0] != pair[1]):
+            raise SpecError(f"pairs[{i}]: expected two distinct arm names, got {pair!r}")
+        unknown = [n for n in pair if n not in names]
+        if unknown:
+            raise SpecError(f"pairs[{i}]: no arm named {', '.join(map(repr, unknown))}")
     out = dict(spec)
     out["arms"] = parsed
+    out["pairs"] = [list(p) for p in pairs]
     out.setdefault("name", "grid")
     return out
 
@@ -219,8 +231,27 @@ def default_work_dir(name: str) -> Path:
     return envs.home() / "grid" / f"{_slug(name)}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def judge_pairs(per_metric: dict, pairs: list[list[str]]) -> list[dict]:
+    """Each A/B pair ranked on its own: with more than two arms the overall
+    ranking only compares the top two, which may not be the lever under test."""
+    import copy
+
+    out = []
+    for a, b in pairs:
+        metrics = {}
+        for m, block in per_metric.items():
+            two = {n: copy.deepcopy(block["arms"][n]) for n in (a, b)}
+            r = stats.rank(two, m)
+            ma, mb = two[a].get("median"), two[b].get("median")
+            metrics[m] = {"ranking": r, "medians": {a: ma, b: mb},
+                          "b_over_a": round(mb / ma, 4) if ma and mb is not None else None}
+        out.append({"a": a, "b": b, "metrics": metrics})
+    return out
+
+
 def summarize_runs(records: list[dict], arms: list[str], metrics: list[str] | None = None,
-                   noisy_pct: float = stats.DEFAULT_NOISY_PCT) -> dict:
+                   noisy_pct: float = stats.DEFAULT_NOISY_PCT,
+                   pairs: list[list[str]] | None = None) -> dict:
     ok = [r for r in records if r.get("ok")]
     if metrics is None:
         seen: dict[str, None] = {}
@@ -237,7 +268,10 @@ def summarize_runs(records: list[dict], arms: list[str], metrics: list[str] | No
                 "failed": sum(1 for r in records if r["arm"] == a and not r.get("ok")),
                 "busy": sum(1 for r in records if r["arm"] == a and r.get("busy"))}
             for a in arms}
-    return {"metrics": per_metric, "runs": runs}
+    out = {"metrics": per_metric, "runs": runs}
+    if pairs:
+        out["pairs"] = judge_pairs(per_metric, pairs)
+    return out
 
 
 # --- regression gate ---------------------------------------------------------
@@ -364,7 +398,8 @@ def run_grid(spec: dict | str | os.PathLike, passes: int, out_dir: str | os.Path
                 atomic.append_jsonl(results_path, [rec])
                 status = "ok" if rec["ok"] else f"FAILED ({rec['error']})"
                 log(f"pass {k} [{pos + 1}/{len(arms)}] {arm.name}: {status} in {rec['wall_s']} s")
-        summary = summarize_runs(records, [a.name for a in arms], spec.get("metrics"), noisy_pct)
+        summary = summarize_runs(records, [a.name for a in arms], spec.get("metrics"), noisy_pct,
+                                 spec.get("pairs"))
         summary.update({
             "name": spec["name"], "description": spec.get("description"), "passes": passes, "cores": cores, "work_dir": str(work),
             "cache_roots": {a: str(p) for a, p in cache_roots.items()},
@@ -416,6 +451,12 @@ def format_summary(summary: dict) -> str:
             lines.append(f"  -> {' | '.join(r['flags'])}")
         elif r["leader"]:
             lines.append(f"  -> leader: {r['leader']}")
+    for p in summary.get("pairs", []):
+        lines.append(f"pair {p['a']} -> {p['b']}:")
+        for m, j in p["metrics"].items():
+            r = j["ranking"]
+            verdict = " | ".join(r["flags"]) or (f"leader: {r['leader']}" if r["leader"] else "-")
+            lines.append(f"  {m:<24} b/a={_fmt(j['b_over_a'])}  {verdict}")
     for a, c in summary["runs"].items():
         if c["failed"]:
             lines.append(f"{a}: {c['failed']} failed run(s); see {summary.get('results_file')}")

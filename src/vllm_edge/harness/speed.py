@@ -50,6 +50,8 @@ class SpeedConfig:
     dtype: str = "bfloat16"
     max_model_len: int | None = None
     warmup: bool = True
+    quant: str | None = None  # e.g. "cpu_int4": the embedded model's cached quantized build
+    group: int = 64
 
 
 # --- keys and arithmetic -----------------------------------------------------
@@ -274,6 +276,17 @@ def model_max_len(path: Path) -> int | None:
     return int(v) if v else None
 
 
+def model_path(cfg: SpeedConfig) -> Path:
+    """The directory to load: a path, an embedded model, or its ``--quant`` build."""
+    from vllm_edge.chat import _model_path
+    from vllm_edge.models import default
+
+    if cfg.quant and not (cfg.model == "default" or cfg.model in default.MODELS):
+        raise SpeedArgError(f"--quant {cfg.quant} needs an embedded model name, not {cfg.model!r}; "
+                            "pass a quantized directory as --model instead")
+    return Path(_model_path(cfg.model, cfg.quant, cfg.group if cfg.quant else None))
+
+
 def build_label(path: Path, cfg: SpeedConfig) -> str:
     return f"{path.name} ({cfg.dtype}, {'eager' if cfg.enforce_eager else 'compiled'})"
 
@@ -282,12 +295,11 @@ def run(cfg: SpeedConfig, pinning: dict | None = None, out: str | os.PathLike | 
         log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     """Start one engine, measure, and return (and optionally write) the result."""
     from vllm_edge import atomic
-    from vllm_edge.chat import _model_path
     from vllm_edge.harness import provenance
     from vllm_edge.harness.procmem import TreeSampler, tree_rss_anon_mb
     from vllm_edge.runtime.engine import edge_engine
 
-    path = Path(_model_path(cfg.model))
+    path = Path(model_path(cfg))
     mml = validate(cfg, model_max_len(path))
     edge = edge_engine(path, max_model_len=mml, max_num_seqs=max((1, *cfg.batches)),
                        dtype=cfg.dtype, enforce_eager=cfg.enforce_eager,

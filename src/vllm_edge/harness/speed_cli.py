@@ -10,7 +10,6 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
 from vllm_edge.harness import speed
 
@@ -23,16 +22,15 @@ def config_from_args(args: argparse.Namespace) -> speed.SpeedConfig:
         reps=args.reps, threads=args.threads,
         cpus=speed.parse_int_list(args.cpus, "--cpus") or None,
         enforce_eager=args.enforce_eager, dtype=args.dtype, max_model_len=args.max_model_len,
-        warmup=not args.no_warmup)
+        warmup=not args.no_warmup, quant=args.quant, group=args.group)
 
 
 def _cmd_speed(args: argparse.Namespace) -> int:
-    from vllm_edge.chat import _model_path
     from vllm_edge.models.default import ModelNotAvailable
 
     try:
         cfg = config_from_args(args)
-        path = Path(_model_path(cfg.model))
+        path = speed.model_path(cfg)
         speed.validate(cfg, speed.model_max_len(path))
         cores = speed.core_set(cfg.cpus, cfg.threads, sorted(os.sched_getaffinity(0)))
     except (speed.SpeedArgError, ModelNotAvailable, FileNotFoundError) as exc:
@@ -77,6 +75,9 @@ def add_speed_commands(sub: "argparse._SubParsersAction") -> None:
     s.add_argument("--reps", type=int, default=3, help="repetitions per metric (default 3)")
     s.add_argument("--enforce-eager", action="store_true", help="skip torch.compile")
     s.add_argument("--dtype", default="bfloat16")
+    s.add_argument("--quant", choices=("cpu_int4",), default=None,
+                   help="run the embedded model's quantized build (made once and cached)")
+    s.add_argument("--group", type=int, choices=(64, 128), default=64, help="--quant group size")
     s.add_argument("--max-model-len", type=int, default=None,
                    help="engine max_model_len (default: what the longest run needs)")
     s.add_argument("--no-warmup", action="store_true", help="time the first calls too")

@@ -8,23 +8,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
+from vllm_edge.harness.timing import per_call_us as _time
 from vllm_edge.quant import ops, pack
 
 SHAPES = {"gate_up 1536x576": (1536, 576), "down 576x1536": (576, 1536),
           "head 49152x576": (49152, 576), "4096x4096": (4096, 4096)}
-
-
-def _time(fn, reps: int) -> tuple[float, float]:
-    """(wall, process CPU) microseconds per call; CPU time is less hurt by descheduling
-    on a shared machine, wall time is what a user sees."""
-    t0, c0 = time.perf_counter(), time.process_time()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - t0) / reps * 1e6, (time.process_time() - c0) / reps * 1e6
 
 
 def run(rows=(1, 4, 8, 64, 512), passes: int = 7, group: int = 128, threads: int = 2) -> dict:

@@ -72,6 +72,15 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
     reasons["enable_prefix_caching"] = (
         "chat turns share their prefix" if enable_prefix_caching else "off, as for pp measurements")
 
+    from vllm_edge.kernels import rms_norm
+
+    priority = rms_norm.engine_priority()
+    if priority:
+        kwargs["ir_op_priority"] = priority
+        reasons["ir_op_priority"] = (
+            f"{rms_norm.ENV_SWITCH}=1: vLLM's _C norm kernels on CPU ({rms_norm.PROVIDER}), "
+            "native where the arguments do not fit (or where the build lacks the kernels)")
+
     from vllm_edge.runtime.hw import probe_cpu
 
     cores = probe_cpu().allowed_cpus

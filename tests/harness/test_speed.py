@@ -133,3 +133,17 @@ def test_metric_line_holds_only_metrics():
     line = speed.metric_line(res)
     assert line == {"benchmark": "speed", "build": "m (bfloat16, eager)", "pp64_tps": 100.0,
                     "tg8_tps": 20.0, "load_s": 3.0, "peak_rss_anon_mb": 700.0}
+
+
+def test_cli_rejects_a_missing_bandwidth_file_and_quant_on_a_directory(capsys, monkeypatch, tmp_path):
+    def boom(*a, **k):
+        raise AssertionError("engine must not start")
+
+    monkeypatch.setattr(speed, "run", boom)
+    monkeypatch.setattr(speed, "pin", boom)
+    args = build_parser().parse_args(["bench", "speed", "--bandwidth", str(tmp_path / "nope.json")])
+    assert args.func(args) == 2
+    assert "nope.json: no such file" in capsys.readouterr().err
+    args = build_parser().parse_args(["bench", "speed", "--model", str(tmp_path), "--quant", "cpu_int4"])
+    assert args.func(args) == 2
+    assert "--quant applies to an embedded model" in capsys.readouterr().err

@@ -234,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_rmsnorm_bench(bsub)
     from vllm_edge.agent.cli import add_agent_commands
+    from vllm_edge.harness.bandwidth import add_bandwidth_commands
     from vllm_edge.harness.compare import add_compare_commands
     from vllm_edge.harness.fidelity_cli import add_fidelity_commands
     from vllm_edge.harness.grid_cli import add_grid_commands
@@ -242,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     from vllm_edge.quant.cli import add_quant_commands
 
     for add in (add_quant_commands, add_speed_commands, add_grid_commands, add_fidelity_commands,
-                add_report_commands, add_agent_commands, add_compare_commands):
+                add_report_commands, add_agent_commands, add_compare_commands, add_bandwidth_commands):
         add(sub)
     return p
 

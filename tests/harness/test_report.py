@@ -129,3 +129,77 @@ def test_grid_summaries_become_tables_with_flags_and_source(results, tmp_path):
     assert "busy passes [1]" in section and "warm-up" in section
     assert "leader: edge" in section
     assert f"Source: `{results}/grid/levers/summary.json`" in section
+
+
+# --- the default model's headline, bytes per token, bandwidth, fidelity per build ---------
+
+def _speed_default(name, quant, tg, bytes_per_token, pct, stamp="2026-11-30T03:00:00"):
+    art = _speed(f"{name} (bfloat16, compiled)", [300, 310, 305], tg)
+    art["model"] = f"/home/u/.cache/vllm-edge/models/{name}"
+    art["engine"] = {"engine_args": {}}
+    art["bytes_per_token"] = {"quant_method": quant, "head_tied": quant is None,
+                              "bits_per_weight": {"linears_and_head": 16.0 if quant is None else 4.5}}
+    art["bandwidth"] = {"ceiling_gb_per_s": 20.0, "source": "benchmarks/results/bandwidth.json"}
+    art["traffic"] = {"tg8_tps": {"context_tokens": 20, "weight_bytes": bytes_per_token - 460_800,
+                                  "kv_bytes": 460_800, "bytes_per_token": bytes_per_token,
+                                  "gb_per_s_effective": round(bytes_per_token * summarize(tg, "t_tps")["median"] / 1e9, 3),
+                                  "pct_of_ceiling": pct}}
+    art["provenance"] = {"timestamp": stamp}
+    return art
+
+
+@pytest.fixture
+def default_results(tmp_path):
+    d = tmp_path / "res"
+    d.mkdir()
+    (d / "speed_bf16.json").write_text(json.dumps(
+        _speed_default("smollm2-135m-bf16", None, [40, 44, 42], 269_491_968, 56.6)))
+    (d / "speed_int4_g64.json").write_text(json.dumps(
+        _speed_default("smollm2-135m-cpu_int4-g64", "cpu_int4", [80, 90, 85], 76_176_324, 32.4)))
+    (d / "speed_int4_g128.json").write_text(json.dumps(
+        _speed_default("smollm2-135m-cpu_int4-g128", "cpu_int4", [60, 62, 61], 73_000_000, 22.3)))
+    fid = _fidelity("smollm2-135m-cpu_int4-g64 (bfloat16, compiled)", 0.0312)
+    fid["model"] = "/home/u/.cache/vllm-edge/models/smollm2-135m-cpu_int4-g64"
+    fid["greedy"].update(exact_matches=5, prompts=12, exact_matches_str="5/12")
+    (d / "fidelity_default_cpu_int4.json").write_text(json.dumps(fid))
+    (d / "bandwidth.json").write_text(json.dumps({
+        "benchmark": "bandwidth", "build": "read bandwidth (2 threads)", "cores": [0, 1],
+        "buffer_bytes": 512 << 20, "buffer_over_llc": 16.0, "ceiling_gb_per_s": 20.0,
+        "metrics": {"read_gb_per_s": summarize([18.0, 20.0, 19.0], "read_gb_per_s")}}))
+    return d
+
+
+def test_headline_bf16_against_the_best_4bit_path(default_results, tmp_path):
+    doc = tmp_path / "results.md"
+    report.report(default_results, doc)
+    text = doc.read_text()
+    head = text.split("## Default model: bf16 against the best 4-bit path")[1].split("\n## ")[0]
+    # the fastest 4-bit build (g64, tg median 85) is chosen over g128 (61)
+    assert "best 4-bit: smollm2-135m-cpu_int4-g64 (bfloat16, compiled)" in head
+    assert "g128" not in head.split("Source:")[0].split("|---|")[1]
+    # medians with their spread, the ratio and the judgement (ranges 40–44 and 80–90 apart)
+    assert "| tg8_tps | 42 (40–44, spread 9.5%, n=3) | 85 (80–90, spread 11.8%, n=3) | 2.02× | 4-bit ahead; NOISY (4-bit) |" in head
+    assert "| pp64_tps |" in head and "NOT A RANKING" in head  # identical pp ranges overlap
+    assert "| tg8_tps: MB/token | 269.5 | 76.2 | 0.28× | derived |" in head
+    assert "| tg8_tps: % of ceiling | 56.6% | 32.4% |" in head
+    # fidelity of that build, from its artifact
+    assert "| fidelity vs bf16: greedy exact | reference | 5/12 |" in head
+    assert "0.9700 / 0.0312 / 0.156" in head
+    assert "fidelity_default_cpu_int4.json" in head.split("Source:")[1]
+    # bytes per token per build and the bandwidth table
+    assert "### Bytes per decoded token" in text and "| 269.5 |" in text
+    assert "| read bandwidth (2 threads) | 0,1 | 512 MiB | 16 | 20 | 19 |" in text
+    png = default_results / report.PLOT_NAMES["fidelity"]
+    assert png.exists() and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_headline_says_what_is_missing(tmp_path):
+    d = tmp_path / "res"
+    d.mkdir()
+    (d / "speed_bf16.json").write_text(json.dumps(
+        _speed_default("smollm2-135m-bf16", None, [40, 44, 42], 269_491_968, 56.6)))
+    doc = tmp_path / "results.md"
+    report.report(d, doc)
+    text = doc.read_text()
+    assert "No 4-bit `bench speed` artifact of the default model yet" in text
+    assert "No bandwidth artifacts yet" in text

@@ -151,3 +151,17 @@ def test_quant_picks_the_cached_quantized_build(default_model_dir):
 def test_quant_with_a_directory_model_is_refused(tmp_path):
     with pytest.raises(SpeedArgError, match="--quant cpu_int4 needs an embedded model name"):
         speed.model_path(SpeedConfig(model=str(tmp_path), quant="cpu_int4"))
+
+
+def test_cli_rejects_a_missing_bandwidth_file_and_quant_on_a_directory(capsys, monkeypatch, tmp_path):
+    def boom(*a, **k):
+        raise AssertionError("engine must not start")
+
+    monkeypatch.setattr(speed, "run", boom)
+    monkeypatch.setattr(speed, "pin", boom)
+    args = build_parser().parse_args(["bench", "speed", "--bandwidth", str(tmp_path / "nope.json")])
+    assert args.func(args) == 2
+    assert "nope.json: no such file" in capsys.readouterr().err
+    args = build_parser().parse_args(["bench", "speed", "--model", str(tmp_path), "--quant", "cpu_int4"])
+    assert args.func(args) == 2
+    assert "--quant cpu_int4 needs an embedded model name" in capsys.readouterr().err

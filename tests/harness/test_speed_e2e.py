@@ -60,3 +60,22 @@ def test_arm_artifact(grid_run):
     assert res["pinning"]["cores"] and prov["threads"] == res["pinning"]["threads"]
     assert prov["env"]["OMP_NUM_THREADS"] == str(res["pinning"]["threads"])
     assert res["memory_phases"]["after_load_rss_anon_mb"] > 0
+
+
+def test_arm_artifact_reports_bytes_per_token(grid_run):
+    from vllm_edge.harness.bytes_per_token import account_dir
+
+    proc, _, arm_out = grid_run
+    res = json.loads(arm_out.read_text())
+    acc = account_dir(res["model"])
+    t = res["traffic"]["tg8_tps"]
+    # a 16-token prompt, tokens 2..8 timed: mean context 16 + 8/2
+    assert t["context_tokens"] == 20
+    assert t["bytes_per_token"] == acc.weight_bytes_per_token + 20 * acc.kv_bytes_per_context_token
+    assert t["gb_per_s_effective"] == pytest.approx(
+        t["bytes_per_token"] * res["metrics"]["tg8_tps"]["median"] / 1e9, abs=1e-3)
+    assert res["bytes_per_token"]["head_tied"] is True  # the default model's tied head, read in full
+    # with no ceiling for these cores the share is None and the reason is kept
+    assert ("reason" in res["bandwidth"]) == (t["pct_of_ceiling"] is None)
+    rec = json.loads((arm_out.parent / "out" / "results.jsonl").read_text().splitlines()[0])
+    assert rec["output"]["bytes_per_token"] == t["bytes_per_token"]

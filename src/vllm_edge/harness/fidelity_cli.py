@@ -66,15 +66,21 @@ def _engine(path: Path, max_model_len: int, k: int, dtype: str, enforce_eager: b
 def run(model: str, save_ref: str | None = None, ref: str | None = None, out: str | None = None,
         corpus_chunks: int = DEFAULT_CORPUS_CHUNKS, chunk_len: int = fidelity.DEFAULT_CHUNK,
         greedy_tokens: int = fidelity.DEFAULT_GREEDY_TOKENS, kl_k: int = fidelity.DEFAULT_KL_K,
-        dtype: str = "bfloat16", enforce_eager: bool = False) -> dict:
+        dtype: str = "bfloat16", enforce_eager: bool = False, quant: str | None = None,
+        group: int = 64) -> dict:
     from vllm_edge import atomic
     from vllm_edge.chat import _model_path
     from vllm_edge.harness import prompts as P
     from vllm_edge.harness import provenance
 
+    from vllm_edge.models import default
+
     if (save_ref is None) == (ref is None):
         raise ValueError("give exactly one of --save-ref DIR or --ref DIR")
-    path = Path(_model_path(model))
+    if quant and not (model == "default" or model in default.MODELS):
+        raise ValueError(f"--quant applies to an embedded model; {model} is a directory: pass "
+                         "its quantized build's directory instead")
+    path = Path(_model_path(model, quant, group if quant else None))
     build = f"{path.name} ({dtype}, {'eager' if enforce_eager else 'compiled'})"
     if ref is not None:
         reference = fidelity.load_reference(ref)
@@ -118,7 +124,7 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
         result = run(args.model, save_ref=args.save_ref, ref=args.ref, out=args.out,
                      corpus_chunks=args.corpus_chunks, chunk_len=args.chunk_len,
                      greedy_tokens=args.greedy_tokens, kl_k=args.kl_k, dtype=args.dtype,
-                     enforce_eager=args.enforce_eager)
+                     enforce_eager=args.enforce_eager, quant=args.quant, group=args.group)
     except (ValueError, FileNotFoundError, ModelNotAvailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -153,5 +159,8 @@ def add_fidelity_commands(sub: "argparse._SubParsersAction") -> None:
     f.add_argument("--kl-k", type=int, default=fidelity.DEFAULT_KL_K,
                    help="reference top-k ids the KL covers, plus a tail bucket (default %(default)s)")
     f.add_argument("--dtype", default="bfloat16")
+    f.add_argument("--quant", choices=("cpu_int4", "gptq"), default=None,
+                   help="score the embedded model's quantized build (made once and cached, as `run` does)")
+    f.add_argument("--group", type=int, choices=(64, 128), default=64, help="group size for --quant")
     f.add_argument("--enforce-eager", action="store_true", help="skip torch.compile")
     f.set_defaults(func=_cmd_fidelity)

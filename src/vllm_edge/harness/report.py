@@ -106,6 +106,56 @@ def _speed_metrics(a: Artifact) -> dict[str, dict]:
     return {k: s for k, s in m.items() if isinstance(s, dict) and s.get("median") is not None}
 
 
+def _model_name(a: Artifact) -> str:
+    return Path(str(a.data.get("model") or "")).name
+
+
+def _quant(a: Artifact) -> str | None:
+    """The quantization method of the checkpoint an artifact ran, None for a float build."""
+    acc = a.data.get("bytes_per_token")
+    if isinstance(acc, dict) and "quant_method" in acc:
+        return acc["quant_method"]
+    qcfg = ((a.data.get("provenance") or {}).get("model") or {}).get("quantization_config")
+    return str(qcfg.get("quant_method")).lower() if isinstance(qcfg, dict) else None
+
+
+def _is_vllm(a: Artifact) -> bool:
+    return not isinstance(a.data.get("engine"), str)  # llama.cpp's arm names itself there
+
+
+def _is_default_model(a: Artifact) -> bool:
+    from vllm_edge.models import default
+
+    name = _model_name(a)
+    return any(name == f"{k}-bf16" or name.startswith(f"{k}-") for k in default.MODELS)
+
+
+def _tg_key(metrics: dict) -> str | None:
+    keys = sorted(k for k in metrics if k.startswith("tg") and k.endswith("_tps") and "_at_d" not in k)
+    return keys[0] if keys else None
+
+
+def _fidelity_for(model_name: str, fid: list[Artifact]) -> Artifact | None:
+    """The latest fidelity artifact of this checkpoint (by provenance timestamp)."""
+    match = [a for a in fid if _model_name(a) == model_name]
+    return max(match, key=lambda a: str((a.data.get("provenance") or {}).get("timestamp") or "")) if match else None
+
+
+def _pct(v: Any) -> str:
+    return "–" if v is None else f"{v:.1f}%"
+
+
+def _mb(v: Any) -> str:
+    return "–" if v is None else f"{v / 1e6:.1f}"
+
+
+def _cell(s: dict | None) -> str:
+    if not s:
+        return "–"
+    sp = "–" if s.get("spread_pct") is None else f"{s['spread_pct']:.1f}%"
+    return f"{s['median']:.4g} ({s['min']:.4g}–{s['max']:.4g}, spread {sp}, n={s['n']})"
+
+
 # --- plots -------------------------------------------------------------------
 
 def _plt():
@@ -162,9 +212,10 @@ def plot_memory(arts: list[Artifact], path: Path) -> None:
 
 def plot_fidelity(arts: list[Artifact], path: Path) -> None:
     plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3.8))
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.8))
     names = [a.build for a in arts]
     tf = [a.data["teacher_forced"] for a in arts]
+    gr = [a.data.get("greedy") or {} for a in arts]
     axes[0].bar(range(len(arts)), [t["kl_mean"] for t in tf],
                 yerr=[[0] * len(arts), [max(0.0, t["kl_p99"] - t["kl_mean"]) for t in tf]],
                 capsize=4, color="tab:red")
@@ -172,6 +223,15 @@ def plot_fidelity(arts: list[Artifact], path: Path) -> None:
     axes[1].bar(range(len(arts)), [t["top1_agreement"] for t in tf], color="tab:green")
     axes[1].set_ylim(0, 1.05)
     axes[1].set_title("teacher-forced top-1 agreement", fontsize=9)
+    x = list(range(len(arts)))
+    w = 0.4
+    axes[2].bar([i - w / 2 for i in x], [g.get("exact_matches", 0) / max(1, g.get("prompts") or 1) for g in gr],
+                w, label="exact matches", color="tab:purple")
+    axes[2].bar([i + w / 2 for i in x], [g.get("kept_fraction") or 0 for g in gr], w,
+                label="kept before divergence", color="tab:orange")
+    axes[2].set_ylim(0, 1.3)
+    axes[2].set_title("greedy: exact prompts / tokens kept", fontsize=9)
+    axes[2].legend(fontsize=7)
     for ax in axes:
         ax.set_xticks(range(len(arts)), names, rotation=20, ha="right", fontsize=7)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
@@ -181,6 +241,66 @@ def plot_fidelity(arts: list[Artifact], path: Path) -> None:
 
 
 # --- the document ------------------------------------------------------------
+
+def _headline(speed: list[Artifact], fid: list[Artifact]) -> list[str]:
+    """The default model's bf16 build against its fastest 4-bit build (vLLM only: each
+    engine's quantized build is compared with its own bf16 build)."""
+    lines = ["## Default model: bf16 against the best 4-bit path", ""]
+    mine = [a for a in speed if _is_vllm(a) and _is_default_model(a)]
+    bf16 = [a for a in mine if _quant(a) is None]
+    four = [a for a in mine if _quant(a) in ("cpu_int4", "gptq", "awq")]
+    if not bf16 or not four:
+        missing = " and ".join(w for w, have in (("bf16", bf16), ("4-bit", four)) if not have)
+        return lines + [f"No {missing} `bench speed` artifact of the default model yet "
+                        "(`vllm-edge bench speed [--quant cpu_int4] --out ...`).", ""]
+
+    def tg(a: Artifact) -> float:
+        k = _tg_key(_speed_metrics(a))
+        return _speed_metrics(a)[k]["median"] if k else float("-inf")
+
+    base = max(bf16, key=lambda a: str((a.data.get("provenance") or {}).get("timestamp") or ""))
+    best = max(four, key=tg)
+    mb, mq = _speed_metrics(base), _speed_metrics(best)
+    rows = []
+    for k in [k for k in mb if k in mq]:
+        r = stats.rank({"bf16": dict(mb[k], flags=list(mb[k].get("flags") or [])),
+                        "4-bit": dict(mq[k], flags=list(mq[k].get("flags") or []))}, k)
+        ratio = mq[k]["median"] / mb[k]["median"] if mb[k]["median"] else None
+        verdict = [f"{r['leader']} ahead"] if r.get("leader") else list(r.get("flags") or [])
+        verdict += [f"{f} ({who})" for who, m in (("bf16", mb[k]), ("4-bit", mq[k]))
+                    for f in (m.get("flags") or []) if f != stats.NOT_A_RANKING]
+        verdict = "; ".join(verdict) or "–"
+        rows.append([k, _cell(mb[k]), _cell(mq[k]), None if ratio is None else f"{ratio:.2f}×", verdict])
+    tb, tq = base.data.get("traffic") or {}, best.data.get("traffic") or {}
+    for k in [k for k in tb if k in tq]:
+        for field, label, fmt in (("bytes_per_token", "MB/token", _mb),
+                                  ("gb_per_s_effective", "GB/s effective", lambda v: _fmt(v)),
+                                  ("pct_of_ceiling", "% of ceiling", _pct)):
+            a_, b_ = tb[k].get(field), tq[k].get(field)
+            ratio = f"{b_ / a_:.2f}×" if a_ and b_ is not None else None
+            rows.append([f"{k}: {label}", fmt(a_), fmt(b_), ratio, "derived"])
+    fb = _fidelity_for(_model_name(best), fid)
+    if fb:
+        g, t = fb.data.get("greedy") or {}, fb.data["teacher_forced"]
+        rows.append(["fidelity vs bf16: greedy exact", "reference", g.get("exact_matches_str"), None,
+                     f"`{fb.source}`"])
+        rows.append(["fidelity vs bf16: top-1 / KL mean / KL p99", "reference",
+                     f"{t['top1_agreement']:.4f} / {t['kl_mean']:.4g} / {t['kl_p99']:.4g}", None,
+                     f"`{fb.source}`"])
+    header = ["metric", f"bf16: {base.build}", f"best 4-bit: {best.build}", "4-bit / bf16", "judgement"]
+    lines += ["Median (min–max, spread, n). The best 4-bit path is the 4-bit build with the "
+              "highest tg median" + (f" among {len(four)}" if len(four) > 1 else "") + "; "
+              "`NOT A RANKING` where the ranges overlap or a build has one pass. Separate "
+              "`bench speed` runs are not interleaved: on a shared host quote the ratio only "
+              "from a quiet-host run.", ""]
+    lines += _table(header, rows)
+    srcs = [base, best] + ([fb] if fb else [])
+    lines += ["", _source(srcs), ""]
+    if not fb:
+        lines += [f"No fidelity artifact for `{_model_name(best)}` yet "
+                  "(`vllm-edge fidelity --ref DIR --quant cpu_int4 --out ...`).", ""]
+    return lines
+
 
 def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: Path,
            results_display: str) -> tuple[str, list[Path]]:
@@ -193,7 +313,10 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
     speed = [a for a in arts if a.kind == "speed" and _speed_metrics(a)]
     fid = [a for a in arts if a.kind == "fidelity" and isinstance(a.data.get("teacher_forced"), dict)]
     mem = [a for a in arts if isinstance(a.data.get("memory_phases"), dict) and a.data["memory_phases"]]
-    used = set(map(id, speed + fid + mem))
+    bws = [a for a in arts if a.kind == "bandwidth" and isinstance(a.data.get("metrics"), dict)]
+    used = set(map(id, speed + fid + mem + bws))
+
+    lines += _headline(speed, fid)
 
     lines += ["## Speed", ""]
     if speed:
@@ -221,6 +344,42 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
         lines += [f"![speed per build]({img(p.name)})", "", _source(speed), ""]
     else:
         lines += ["No speed artifacts yet (`vllm-edge bench speed --out ...`).", ""]
+
+    traffic = [a for a in speed if a.data.get("traffic")]
+    if traffic:
+        lines += ["### Bytes per decoded token", ""]
+        rows = []
+        for a in traffic:
+            acc = a.data.get("bytes_per_token") or {}
+            bpw = (acc.get("bits_per_weight") or {}).get("linears_and_head")
+            ceiling = (a.data.get("bandwidth") or {}).get("ceiling_gb_per_s")
+            for k, t in a.data["traffic"].items():
+                rows.append([a.build, k, _mb(t["weight_bytes"]), _mb(t["kv_bytes"]), t["context_tokens"],
+                             _mb(t["bytes_per_token"]), bpw, "yes" if acc.get("head_tied") else "no",
+                             t["gb_per_s_effective"], ceiling, _pct(t.get("pct_of_ceiling")), f"`{a.source}`"])
+        lines += ["Weights at the bytes the engine reads (the head in full, tied or not; one "
+                  "embedding row), plus the KV cache at the mean context of the timed steps; "
+                  "see docs/methodology.md.", ""]
+        lines += _table(["build", "metric", "weights (MB)", "KV (MB)", "context", "bytes/token (MB)",
+                         "bits/weight (linears+head)", "tied head", "GB/s (median)", "ceiling GB/s",
+                         "% of ceiling", "artifact"], rows)
+        lines += ["", _source(traffic), ""]
+
+    lines += ["## Read bandwidth", ""]
+    if bws:
+        rows = []
+        for a in bws:
+            m = a.data["metrics"].get("read_gb_per_s") or {}
+            rows.append([a.build, ",".join(map(str, a.data.get("cores") or [])),
+                         f"{(a.data.get('buffer_bytes') or 0) / 2**20:.0f} MiB",
+                         a.data.get("buffer_over_llc"), a.data.get("ceiling_gb_per_s") or "none (in cache)",
+                         m.get("median"), None if m.get("spread_pct") is None else f"{m['spread_pct']:.1f}%",
+                         m.get("n"), "; ".join(m.get("flags") or []) or "–", f"`{a.source}`"])
+        lines += _table(["build", "cores", "buffer", "× LLC", "ceiling GB/s (best)", "median GB/s",
+                         "spread", "n", "flags", "artifact"], rows)
+        lines += ["", _source(bws), ""]
+    else:
+        lines += ["No bandwidth artifacts yet (`vllm-edge bandwidth`).", ""]
 
     lines += ["## Memory per phase", ""]
     if mem:
@@ -270,7 +429,7 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
     return "\n".join(lines).rstrip() + "\n", written
 
 
-def _cell(s: dict | None) -> str:
+def _grid_cell(s: dict | None) -> str:
     if not s or s.get("median") is None:
         return "–"
     spread = "" if s.get("spread_pct") is None else f" ±{s['spread_pct'] / 2:.0f}%"
@@ -303,7 +462,7 @@ def grid_sections(results_dir: Path, results_display: str) -> list[str]:
         if g.get("description"):
             lines += [g["description"], ""]
         names = list(metrics)
-        rows = [[arm, *[_cell(metrics[m]["arms"].get(arm)) for m in names]] for arm in arms]
+        rows = [[arm, *[_grid_cell(metrics[m]["arms"].get(arm)) for m in names]] for arm in arms]
         lines += _table(["arm", *names], rows)
         flags = []
         for m in names:

@@ -50,7 +50,12 @@ class SpeedConfig:
     dtype: str = "bfloat16"
     max_model_len: int | None = None
     warmup: bool = True
-    quant: str | None = None  # e.g. "cpu_int4": the embedded model's cached quantized build
+    # the read-bandwidth ceiling: "auto" (benchmarks/results/bandwidth.json if it was
+    # measured on the same cores), "measure" (a `vllm-edge bandwidth` child first),
+    # "off", or a path to a bandwidth result
+    bandwidth: str = "auto"
+    # an embedded model's quantized build, made once and cached as `vllm-edge run` does
+    quant: str | None = None
     group: int = 64
 
 
@@ -265,6 +270,79 @@ def vllm_generate(llm: Any) -> Generate:
     return generate
 
 
+# --- bytes per token and the bandwidth ceiling ---------------------------------
+
+def tg_contexts(cfg: SpeedConfig) -> list[tuple[str, float]]:
+    """Each tg metric and the mean KV context its timed decode steps read."""
+    from vllm_edge.harness.bytes_per_token import mean_context
+
+    return [(tg_key(cfg.tg_tokens, d), mean_context(TG_PROMPT_LEN if d is None else d, cfg.tg_tokens))
+            for d in (None, *cfg.context_lens)]
+
+
+def resolve_ceiling(spec: str, cores: list[int] | None,
+                    log: Callable[[str], None] = lambda s: None) -> dict:
+    """The bandwidth ceiling for this run's cores, or why there is none.
+
+    ``auto`` never fails the run (a missing or mismatched file is reported as the
+    reason); an explicit path or ``measure`` that cannot give a ceiling is an error,
+    raised before the engine starts.
+    """
+    import subprocess
+    import tempfile
+
+    from vllm_edge.harness import bandwidth as bw
+
+    if spec == "off":
+        return {"ceiling_gb_per_s": None, "reason": "--bandwidth off"}
+    if cores is None:
+        cores = sorted(os.sched_getaffinity(0))
+    if spec == "auto":
+        try:
+            return bw.load_ceiling(bw.DEFAULT_OUT, cores)
+        except bw.BandwidthError as exc:
+            log(f"no bandwidth ceiling: {exc}")
+            return {"ceiling_gb_per_s": None, "reason": str(exc)}
+    if spec == "measure":
+        # A child process: its buffer (hundreds of MB) never counts in our RssAnon.
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "bandwidth.json"
+            cmd = [sys.executable, "-m", "vllm_edge.cli", "bandwidth", "--cpus",
+                   ",".join(map(str, cores)), "--out", str(out)]
+            log(f"measuring the read bandwidth on cores {cores}")
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SpeedArgError(f"--bandwidth measure: `vllm-edge bandwidth` failed "
+                                    f"(exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+            got = bw.load_ceiling(out, cores)
+        got["source"] = "measured before this run (--bandwidth measure)"
+        return got
+    try:
+        return bw.load_ceiling(spec, cores)
+    except bw.BandwidthError as exc:
+        raise SpeedArgError(f"--bandwidth {spec}: {exc}") from None
+
+
+def traffic(result: dict, acc: Any, contexts: list[tuple[str, float]], ceiling: dict) -> dict:
+    """Per tg metric: bytes per token, the bandwidth they imply at the measured rate,
+    and that as a share of the ceiling."""
+    from vllm_edge.harness.bytes_per_token import summary
+
+    out: dict[str, dict] = {}
+    top = ceiling.get("ceiling_gb_per_s")
+    for key, row in summary(acc, contexts).items():
+        s = result["metrics"].get(key)
+        if not s or s.get("median") is None:
+            continue
+        eff = row["bytes_per_token"] * s["median"] / 1e9
+        eff_best = row["bytes_per_token"] * s["best"] / 1e9
+        out[key] = {**row, "gb_per_s_effective": round(eff, 3),
+                    "gb_per_s_effective_best": round(eff_best, 3),
+                    "pct_of_ceiling": round(100 * eff / top, 1) if top else None,
+                    "pct_of_ceiling_best": round(100 * eff_best / top, 1) if top else None}
+    return out
+
+
 # --- a whole run -------------------------------------------------------------
 
 def model_max_len(path: Path) -> int | None:
@@ -295,12 +373,17 @@ def run(cfg: SpeedConfig, pinning: dict | None = None, out: str | os.PathLike | 
         log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     """Start one engine, measure, and return (and optionally write) the result."""
     from vllm_edge import atomic
-    from vllm_edge.harness import provenance
+    from vllm_edge.harness import bytes_per_token, provenance
     from vllm_edge.harness.procmem import TreeSampler, tree_rss_anon_mb
     from vllm_edge.runtime.engine import edge_engine
 
     path = Path(model_path(cfg))
     mml = validate(cfg, model_max_len(path))
+    # Both before the engine: a bad checkpoint or --bandwidth fails fast, and the
+    # bandwidth child never shares the cores with a running engine.
+    acc = bytes_per_token.account_dir(path, dtype=cfg.dtype)
+    ceiling = resolve_ceiling(cfg.bandwidth, (pinning or {}).get("cores"),
+                              log=lambda s: log(f"[speed] {s}"))
     edge = edge_engine(path, max_model_len=mml, max_num_seqs=max((1, *cfg.batches)),
                        dtype=cfg.dtype, enforce_eager=cfg.enforce_eager,
                        enable_prefix_caching=False)
@@ -339,9 +422,12 @@ def run(cfg: SpeedConfig, pinning: dict | None = None, out: str | os.PathLike | 
         "timings": measured["timings"],
         "engine": edge.describe(),
         "pinning": pinning,
+        "bytes_per_token": acc.to_dict(),
+        "bandwidth": ceiling,
         "provenance": provenance.collect(model=path, threads=(pinning or {}).get("threads"),
                                          extra={"core_set_pinned": (pinning or {}).get("cores")}),
     }
+    result["traffic"] = traffic(result, acc, tg_contexts(cfg), ceiling)
     if out:
         atomic.write_json(out, result)
         result["out"] = str(out)
@@ -356,6 +442,11 @@ def metric_line(result: dict) -> dict:
         line[k] = s["median"]
     line["load_s"] = result["load_s"]
     line["peak_rss_anon_mb"] = max(result["memory_phases"].values())
+    # Derived figures, named so that the grid gives them no direction and never ranks them.
+    for i, (key, t) in enumerate((result.get("traffic") or {}).items()):
+        prefix = "" if i == 0 else key[:-len("_tps")] + "_"
+        for field in ("bytes_per_token", "gb_per_s_effective", "pct_of_ceiling"):
+            line[prefix + field] = t[field]
     if result.get("out"):
         line["out"] = result["out"]
     return line
@@ -369,4 +460,15 @@ def format_table(result: dict) -> str:
                     f"{s['max']:>10.2f} {sp:>8}  {s['n']}  {' | '.join(s['flags'])}")
     rows.append(f"load {result['load_s']:.1f} s | memory " + ", ".join(
         f"{k}={v:.0f}" for k, v in result["memory_phases"].items()))
+    bw = result.get("bandwidth") or {}
+    ceiling = bw.get("ceiling_gb_per_s")
+    for key, t in (result.get("traffic") or {}).items():
+        pct = f" = {t['pct_of_ceiling']:.0f}% of {ceiling:.1f} GB/s" if ceiling else ""
+        rows.append(f"{key}: {t['bytes_per_token'] / 1e6:.1f} MB/token (weights "
+                    f"{t['weight_bytes'] / 1e6:.1f} + KV {t['kv_bytes'] / 1e6:.2f} at "
+                    f"{t['context_tokens']:g} tokens) x median -> {t['gb_per_s_effective']:.2f} GB/s{pct}")
+    if result.get("traffic") and not ceiling:
+        rows.append(f"no bandwidth ceiling: {bw.get('reason', 'none given')}")
+    elif ceiling:
+        rows.append(f"ceiling from {bw.get('source')} ({bw.get('threads')} threads, cores {bw.get('cores')})")
     return "\n".join(rows)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from pathlib import Path
 import sys
 
 from vllm_edge.harness import speed
@@ -22,10 +23,11 @@ def config_from_args(args: argparse.Namespace) -> speed.SpeedConfig:
         reps=args.reps, threads=args.threads,
         cpus=speed.parse_int_list(args.cpus, "--cpus") or None,
         enforce_eager=args.enforce_eager, dtype=args.dtype, max_model_len=args.max_model_len,
-        warmup=not args.no_warmup, quant=args.quant, group=args.group)
+        warmup=not args.no_warmup, bandwidth=args.bandwidth, quant=args.quant, group=args.group)
 
 
 def _cmd_speed(args: argparse.Namespace) -> int:
+    from vllm_edge.harness.bytes_per_token import AccountingError
     from vllm_edge.models.default import ModelNotAvailable
 
     try:
@@ -33,13 +35,20 @@ def _cmd_speed(args: argparse.Namespace) -> int:
         path = speed.model_path(cfg)
         speed.validate(cfg, speed.model_max_len(path))
         cores = speed.core_set(cfg.cpus, cfg.threads, sorted(os.sched_getaffinity(0)))
+        if cfg.bandwidth not in ("auto", "measure", "off") and not Path(cfg.bandwidth).is_file():
+            raise speed.SpeedArgError(f"--bandwidth {cfg.bandwidth}: no such file "
+                                      "(give auto, measure, off or a `vllm-edge bandwidth` result)")
     except (speed.SpeedArgError, ModelNotAvailable, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     pinning = speed.pin(cores)
     print(f"[speed] pinned to cores {cores}, OMP_NUM_THREADS={pinning['OMP_NUM_THREADS']}",
           file=sys.stderr)
-    result = speed.run(cfg, pinning=pinning, out=args.out)
+    try:
+        result = speed.run(cfg, pinning=pinning, out=args.out)
+    except (speed.SpeedArgError, AccountingError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(speed.format_table(result), file=sys.stderr)
     if args.out:
         print(f"[speed] wrote {args.out}", file=sys.stderr)
@@ -75,11 +84,16 @@ def add_speed_commands(sub: "argparse._SubParsersAction") -> None:
     s.add_argument("--reps", type=int, default=3, help="repetitions per metric (default 3)")
     s.add_argument("--enforce-eager", action="store_true", help="skip torch.compile")
     s.add_argument("--dtype", default="bfloat16")
-    s.add_argument("--quant", choices=("cpu_int4",), default=None,
-                   help="run the embedded model's quantized build (made once and cached)")
-    s.add_argument("--group", type=int, choices=(64, 128), default=64, help="--quant group size")
     s.add_argument("--max-model-len", type=int, default=None,
                    help="engine max_model_len (default: what the longest run needs)")
     s.add_argument("--no-warmup", action="store_true", help="time the first calls too")
+    s.add_argument("--quant", choices=("cpu_int4", "gptq"), default=None,
+                   help="run the embedded model's quantized build (made once and cached, as `run` does)")
+    s.add_argument("--group", type=int, choices=(64, 128), default=64, help="group size for --quant")
+    s.add_argument("--bandwidth", default="auto", metavar="auto|measure|off|FILE",
+                   help="read-bandwidth ceiling for pct_of_ceiling: auto = "
+                        "benchmarks/results/bandwidth.json when measured on the same cores (else "
+                        "none, with the reason), measure = run `vllm-edge bandwidth` first, "
+                        "or a bandwidth result file (default %(default)s)")
     s.add_argument("--out", default=None, help="write the full result JSON with provenance here")
     s.set_defaults(func=_cmd_speed)

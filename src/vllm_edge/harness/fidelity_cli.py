@@ -68,13 +68,13 @@ def run(model: str, save_ref: str | None = None, ref: str | None = None, out: st
         greedy_tokens: int = fidelity.DEFAULT_GREEDY_TOKENS, kl_k: int = fidelity.DEFAULT_KL_K,
         dtype: str = "bfloat16", enforce_eager: bool = False) -> dict:
     from vllm_edge import atomic
-    from vllm_edge.chat import _model_path
+    from vllm_edge.models.default import ensure_model
     from vllm_edge.harness import prompts as P
     from vllm_edge.harness import provenance
 
     if (save_ref is None) == (ref is None):
         raise ValueError("give exactly one of --save-ref DIR or --ref DIR")
-    path = Path(_model_path(model))
+    path = Path(ensure_model(model))
     build = f"{path.name} ({dtype}, {'eager' if enforce_eager else 'compiled'})"
     if ref is not None:
         reference = fidelity.load_reference(ref)

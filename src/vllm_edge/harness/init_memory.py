@@ -89,9 +89,9 @@ def run(model: str = "default", reps: int = 1, context_len: int = 1024, max_mode
         extra_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     if context_len > max_model_len:
         raise ValueError(f"--context-len {context_len} is larger than --max-model-len {max_model_len}")
-    from vllm_edge.chat import _model_path
+    from vllm_edge.models.default import ensure_model
 
-    path = _model_path(model)
+    path = ensure_model(model)
     prov = provenance.collect(model=path, extra={"bench": "init-memory"})
     records = []
     for rep in range(reps):

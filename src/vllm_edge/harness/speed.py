@@ -282,12 +282,12 @@ def run(cfg: SpeedConfig, pinning: dict | None = None, out: str | os.PathLike | 
         log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     """Start one engine, measure, and return (and optionally write) the result."""
     from vllm_edge import atomic
-    from vllm_edge.chat import _model_path
+    from vllm_edge.models.default import ensure_model
     from vllm_edge.harness import provenance
     from vllm_edge.harness.procmem import TreeSampler, tree_rss_anon_mb
     from vllm_edge.runtime.engine import edge_engine
 
-    path = Path(_model_path(cfg.model))
+    path = Path(ensure_model(cfg.model))
     mml = validate(cfg, model_max_len(path))
     edge = edge_engine(path, max_model_len=mml, max_num_seqs=max((1, *cfg.batches)),
                        dtype=cfg.dtype, enforce_eager=cfg.enforce_eager,

@@ -27,12 +27,11 @@ def config_from_args(args: argparse.Namespace) -> speed.SpeedConfig:
 
 
 def _cmd_speed(args: argparse.Namespace) -> int:
-    from vllm_edge.chat import _model_path
-    from vllm_edge.models.default import ModelNotAvailable
+    from vllm_edge.models.default import ModelNotAvailable, ensure_model
 
     try:
         cfg = config_from_args(args)
-        path = Path(_model_path(cfg.model))
+        path = Path(ensure_model(cfg.model))
         speed.validate(cfg, speed.model_max_len(path))
         cores = speed.core_set(cfg.cpus, cfg.threads, sorted(os.sched_getaffinity(0)))
     except (speed.SpeedArgError, ModelNotAvailable, FileNotFoundError) as exc:

@@ -27,60 +27,26 @@ def _histogram(metrics: list, name: str) -> tuple[int, float]:
     return count, total
 
 
-def _model_path(model: str, scheme: str | None = None, group: int | None = None):
-    """Resolve the model; a first-use conversion (and quantization, when ``scheme`` is
-    given) runs in a child process, so its memory never counts in this process's RssAnon
-    (its time counts in ready_s)."""
-    import subprocess
-    from pathlib import Path
-
-    from vllm_edge.models import default
-
-    if (model == "default" or model in default.MODELS) and scheme:
-        target = default.quantized_dir(default.resolve_key(model), scheme, group)
-        if not default.quantized_ready(model, scheme, group):
-            default.source_gguf(default.resolve_key(model))
-            subprocess.run([sys.executable, "-m", "vllm_edge.cli", "models", "prepare", model,
-                            "--quant", scheme, "--group", str(group)], check=True)
-        return target
-    if model == "default" or model in default.MODELS:
-        target = default.prepared_dir(default.resolve_key(model))
-        if not (target / default.MANIFEST_NAME).exists():
-            default.source_gguf(default.resolve_key(model))  # clear error if the package is missing
-            subprocess.run([sys.executable, "-m", "vllm_edge.cli", "models", "prepare", model], check=True)
-        return target
-    return default.resolve_model_path(model)
-
-
 def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None = DEFAULT_SYSTEM,
         max_tokens: int = 64, max_model_len: int = 2048, enforce_eager: bool = False,
         one_process: bool = True, as_json: bool = False, dtype: str = "auto",
         priority: str = "speed") -> dict[str, Any]:
-    from vllm_edge.models import default
-    from vllm_edge.runtime import hw, weight_path
+    from vllm_edge.runtime import weight_path
     from vllm_edge.runtime.engine import edge_engine
 
     started = process_start_epoch()
-    if model == "default" or model in default.MODELS:
-        wpath = weight_path.for_run(hw.profile(), priority, dtype)
-        path = _model_path(model, wpath.scheme, wpath.group)
-    else:
-        path = _model_path(model)
-        wpath = weight_path.for_checkpoint(path)
+    path, wpath = weight_path.model_for_engine(model, priority, dtype)
     # always on stderr, even with --json: a fallback is never silent
-    tag = "" if wpath.verified else " (unverified)"
-    print(f"[vllm-edge] weight path: {wpath.name}{tag}", file=sys.stderr)
-    for why in wpath.reasons:
-        print(f"[vllm-edge]   - {why}", file=sys.stderr)
+    for line in wpath.explain():
+        print(f"[vllm-edge] {line}", file=sys.stderr)
     with TreeSampler() as sampler:
         edge = edge_engine(path, max_model_len=max_model_len, enforce_eager=enforce_eager,
                            one_process=one_process)
         edge.apply_env()
         if not as_json:
             print(f"[vllm-edge] model: {path}", file=sys.stderr)
-            for key, why in edge.reasons.items():
-                value = edge.kwargs.get(key, edge.env.get(key))
-                print(f"[vllm-edge] {key}={value}: {why}", file=sys.stderr)
+            for line in edge.explain():
+                print(f"[vllm-edge] {line}", file=sys.stderr)
         t0 = time.time()
         from vllm import LLM, SamplingParams
 

@@ -90,6 +90,41 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from vllm_edge import serve
+    from vllm_edge.models.default import ModelNotAvailable
+    from vllm_edge.models.gguf_import import GgufImportError
+
+    try:
+        return serve.main(
+            args.model, host=args.host, port=args.port, max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager, dtype=args.dtype,
+            priority=args.priority, multiprocess=args.multiprocess,
+            tool_call_parser=args.tool_call_parser, chat_template=args.chat_template,
+            served_model_name=args.served_model_name, extra=args.vllm_extra)
+    except (ModelNotAvailable, GgufImportError, ValueError, serve.ServeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _cmd_bench_soak(args: argparse.Namespace) -> int:
+    from vllm_edge.harness import soak
+
+    try:
+        result = soak.run(args.model, duration_s=args.duration, max_requests=args.max_requests,
+                          clients=args.clients, max_model_len=args.max_model_len,
+                          serve_args=["--enforce-eager"] if args.enforce_eager else [],
+                          base_url=args.base_url, server_pid=args.server_pid, out=args.out,
+                          warmup_s=args.warmup, seed=args.seed)
+    except soak.SoakError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    keys = ("requests", "wall_s", "by_class", "errors", "http_5xx", "ttft_s", "tpot_s", "rss_anon",
+            "health_after", "passed")
+    print(json.dumps({k: result[k] for k in keys}, indent=2))
+    return 0 if result["passed"] else 1
+
+
 def _cmd_bench_aot(args: argparse.Namespace) -> int:
     from vllm_edge.harness import aot_bench
 
@@ -197,6 +232,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what the weight-path choice favours (see docs/cpu-4bit.md)")
     r.set_defaults(func=_cmd_run)
 
+    sv = sub.add_parser(
+        "serve", help="vLLM's OpenAI-compatible server with the edge defaults",
+        description="vLLM's own OpenAI-compatible server (/v1/chat/completions, /v1/completions, "
+                    "/v1/models, /health, /metrics) with the edge defaults. Arguments after `--` "
+                    "go to vLLM's serve parser unchanged and win over ours.")
+    sv.add_argument("model", nargs="?", default="default",
+                    help="'default', an embedded key, or a model directory")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--max-model-len", type=int, default=2048)
+    sv.add_argument("--max-num-seqs", type=int, default=4,
+                    help="sequences decoded together; the KV budget is priced for all of them")
+    sv.add_argument("--enforce-eager", action="store_true", help="skip torch.compile")
+    sv.add_argument("--dtype", choices=("auto", "bf16"), default="auto",
+                    help="auto: the weight path chosen for this CPU (4-bit); bf16: unquantized")
+    sv.add_argument("--priority", choices=("speed", "fidelity"), default="speed")
+    sv.add_argument("--multiprocess", action="store_true",
+                    help="vLLM's own layout: a separate worker process beside the engine core")
+    sv.add_argument("--tool-call-parser", default=None,
+                    help="vLLM tool-call parser name, or 'none' (default: chosen from the chat template)")
+    sv.add_argument("--chat-template", default=None, help="Jinja chat template file")
+    sv.add_argument("--served-model-name", nargs="+", default=None,
+                    help="names requests may use (default: the embedded key and 'default', or MODEL)")
+    sv.set_defaults(func=_cmd_serve)
+
     b = sub.add_parser("bench", help="benchmarks (results go to benchmarks/results/)")
     bsub = b.add_subparsers(dest="bench_command", required=True)
     ba = bsub.add_parser("aot-cache", help="cold vs warm starts on one VLLM_CACHE_ROOT")
@@ -226,6 +286,26 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument("--enforce-eager", action="store_true")
     bl.add_argument("--out", default="benchmarks/results/ledger.json")
     bl.set_defaults(func=_cmd_bench_ledger)
+    bs = bsub.add_parser(
+        "soak", help="concurrent mixed clients against `serve`: errors by class, TTFT/TPOT, RssAnon",
+        description="Starts `vllm-edge serve MODEL` on a free loopback port (or uses --base-url "
+                    "with --server-pid), runs --clients concurrent clients for --duration seconds "
+                    "or --max-requests requests, whichever ends first, then stops the server. "
+                    "Exit 1 on any 5xx, unexpected outcome, or RssAnon not flat within 5%% after "
+                    "warm-up.")
+    bs.add_argument("model", nargs="?", default="default")
+    bs.add_argument("--duration", type=float, default=600, help="seconds (default 600)")
+    bs.add_argument("--max-requests", type=int, default=100_000)
+    bs.add_argument("--clients", type=int, default=8)
+    bs.add_argument("--max-model-len", type=int, default=2048)
+    bs.add_argument("--warmup", type=float, default=None,
+                    help="seconds excluded from the RssAnon flatness check (default: 20%% of --duration)")
+    bs.add_argument("--enforce-eager", action="store_true", help="start the server without torch.compile")
+    bs.add_argument("--base-url", default=None, help="a running server (loopback only)")
+    bs.add_argument("--server-pid", type=int, default=None, help="its pid, root of the RssAnon tree")
+    bs.add_argument("--seed", type=int, default=0)
+    bs.add_argument("--out", default="benchmarks/results/soak.json")
+    bs.set_defaults(func=_cmd_bench_soak)
     bi = bsub.add_parser("plugin-import", help="what the plugin adds to vLLM's import and plugin load")
     bi.add_argument("--reps", type=int, default=5)
     bi.add_argument("--out", default="benchmarks/results/plugin_import.json")
@@ -249,7 +329,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:  # `serve ... -- <vLLM flags>`
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if extra and args.command != "serve":
+        parser.error("arguments after `--` are only for `serve` (they go to vLLM)")
+    args.vllm_extra = extra
     if getattr(args, "prompt", "x") is None:
         from vllm_edge.chat import DEFAULT_PROMPT
 

@@ -63,17 +63,16 @@ def test_a_new_source_is_quantized_again(fake_bf16, monkeypatch):
 def test_run_quantizes_in_a_child_process_only_when_needed(fake_bf16, monkeypatch):
     import subprocess
 
-    from vllm_edge import chat
 
     monkeypatch.setattr(default, "source_gguf", lambda m: "x.gguf")
     calls = []
     monkeypatch.setattr(subprocess, "run", lambda cmd, check: calls.append(cmd))
-    target = chat._model_path("default", "cpu_int4", 64)
+    target = default.ensure_model("default", "cpu_int4", 64)
     assert target == default.quantized_dir(default.resolve_key("default"))
     assert calls and calls[0][-6:] == ["prepare", "default", "--quant", "cpu_int4", "--group", "64"]
     default.prepare_quantized("default", progress=False)
     calls.clear()
-    assert chat._model_path("default", "cpu_int4", 64) == target
+    assert default.ensure_model("default", "cpu_int4", 64) == target
     assert calls == []
 
 

@@ -69,7 +69,7 @@ def run(model: str, save_ref: str | None = None, ref: str | None = None, out: st
         dtype: str = "bfloat16", enforce_eager: bool = False, quant: str | None = None,
         group: int = 64) -> dict:
     from vllm_edge import atomic
-    from vllm_edge.chat import _model_path
+    from vllm_edge.models.default import ensure_model
     from vllm_edge.harness import prompts as P
     from vllm_edge.harness import provenance
 
@@ -80,7 +80,7 @@ def run(model: str, save_ref: str | None = None, ref: str | None = None, out: st
     if quant and not (model == "default" or model in default.MODELS):
         raise ValueError(f"--quant applies to an embedded model; {model} is a directory: pass "
                          "its quantized build's directory instead")
-    path = Path(_model_path(model, quant, group if quant else None))
+    path = Path(ensure_model(model, quant, group if quant else None))
     build = f"{path.name} ({dtype}, {'eager' if enforce_eager else 'compiled'})"
     if ref is not None:
         reference = fidelity.load_reference(ref)

@@ -47,9 +47,9 @@ def child_main(argv: list[str]) -> int:
     ap.add_argument("--no-release", action="store_true", help="do not ask the worker to trim arenas")
     a = ap.parse_args(argv)
     if not os.path.isdir(a.model):
-        from vllm_edge.chat import _model_path
+        from vllm_edge.models.default import ensure_model
 
-        a.model = str(_model_path(a.model))
+        a.model = str(ensure_model(a.model))
 
     started = process_start_epoch()
     marks: list[dict[str, Any]] = []
@@ -109,9 +109,9 @@ def run(model: str = "default", reps: int = 1, context_len: int = 1024, max_mode
         extra_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     if context_len > max_model_len:
         raise ValueError(f"--context-len {context_len} is larger than --max-model-len {max_model_len}")
-    from vllm_edge.chat import _model_path
+    from vllm_edge.models.default import ensure_model
 
-    path = _model_path(model)
+    path = ensure_model(model)
     prov = provenance.collect(model=path, extra={"bench": "init-memory"})
     records = []
     for rep in range(reps):

@@ -169,11 +169,11 @@ def bench(model: str = "default", context_len: int = 1024, max_model_len: int = 
     if context_len > max_model_len:
         raise ValueError(f"--context-len {context_len} is larger than --max-model-len {max_model_len}")
     from vllm_edge import atomic
-    from vllm_edge.chat import _model_path
+    from vllm_edge.models.default import ensure_model
     from vllm_edge.harness import provenance
     from vllm_edge.runtime.engine import edge_engine
 
-    path = _model_path(model)
+    path = ensure_model(model)
     edge = edge_engine(path, max_model_len=max_model_len, enforce_eager=enforce_eager,
                        one_process=not multiprocess, max_num_seqs=1, enable_prefix_caching=False)
     edge.apply_env()

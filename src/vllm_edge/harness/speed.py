@@ -356,13 +356,13 @@ def model_max_len(path: Path) -> int | None:
 
 def model_path(cfg: SpeedConfig) -> Path:
     """The directory to load: a path, an embedded model, or its ``--quant`` build."""
-    from vllm_edge.chat import _model_path
+    from vllm_edge.models.default import ensure_model
     from vllm_edge.models import default
 
     if cfg.quant and not (cfg.model == "default" or cfg.model in default.MODELS):
         raise SpeedArgError(f"--quant {cfg.quant} needs an embedded model name, not {cfg.model!r}; "
                             "pass a quantized directory as --model instead")
-    return Path(_model_path(cfg.model, cfg.quant, cfg.group if cfg.quant else None))
+    return Path(ensure_model(cfg.model, cfg.quant, cfg.group if cfg.quant else None))
 
 
 def build_label(path: Path, cfg: SpeedConfig) -> str:

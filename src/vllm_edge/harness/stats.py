@@ -58,6 +58,21 @@ def spread_pct(values: list[float]) -> float | None:
     return 100.0 * (hi - lo) / abs(med)
 
 
+def percentiles(values: Iterable[float], qs: Iterable[float] = (50, 90, 99)) -> dict[str, float | None]:
+    """``{"p50": ..., ...}`` by linear interpolation between closest ranks; None when empty."""
+    xs = sorted(values)
+    out: dict[str, float | None] = {}
+    for q in qs:
+        if not xs:
+            out[f"p{q:g}"] = None
+            continue
+        pos = (len(xs) - 1) * q / 100.0
+        lo = math.floor(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        out[f"p{q:g}"] = xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return out
+
+
 def summarize(values: Iterable[float], metric: str, noisy_pct: float = DEFAULT_NOISY_PCT) -> dict:
     vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     d = direction(metric)

@@ -66,11 +66,11 @@ def run(model: str = "default", passes: int = 15, threads: int | None = None,
         rows: tuple[int, ...] = ROWS, log: Callable[[str], None] = print) -> dict:
     import torch
 
-    from vllm_edge.chat import _model_path
+    from vllm_edge.models.default import ensure_model
 
     threads = threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
-    path = Path(_model_path(model))
+    path = Path(ensure_model(model))
     cfg = json.loads((path / "config.json").read_text())
     cfg = cfg.get("text_config", cfg)
     hidden, eps = int(cfg["hidden_size"]), float(cfg.get("rms_norm_eps", 1e-6))

@@ -123,6 +123,31 @@ def prepare_quantized(name: str = DEFAULT, scheme: str = "cpu_int4", group: int 
     return quantize_model(bf16, out, scheme=scheme, group=group, progress=progress, manifest=want)
 
 
+def ensure_model(name: str, scheme: str | None = None, group: int | None = None) -> Path:
+    """The directory an engine loads for ``name`` ('default', an embedded key, or a path).
+
+    An embedded model is converted (and quantized, when ``scheme`` is given) on first use,
+    in a child process: its memory never counts in this process's RssAnon, and its progress
+    bars go to this process's stderr. Later calls return the cached directory."""
+    import subprocess
+    import sys
+
+    if not (name == "default" or name in MODELS):
+        return resolve_model_path(name)
+    model = resolve_key(name)
+    if scheme:
+        if not quantized_ready(name, scheme, group):
+            source_gguf(model)  # clear error if the package is missing
+            subprocess.run([sys.executable, "-m", "vllm_edge.cli", "models", "prepare", name,
+                            "--quant", scheme, "--group", str(group)], check=True)
+        return quantized_dir(model, scheme, group)
+    target = prepared_dir(model)
+    if not (target / MANIFEST_NAME).exists():
+        source_gguf(model)
+        subprocess.run([sys.executable, "-m", "vllm_edge.cli", "models", "prepare", name], check=True)
+    return target
+
+
 def resolve_model_path(name: str) -> Path:
     """A model argument as the CLI takes it: 'default', an embedded key, or a path."""
     if name == "default" or name in MODELS:

@@ -1,4 +1,4 @@
-"""Engine arguments for an edge box, built in one place for `run` (and later `serve`).
+"""Engine arguments for an edge box, built in one place for `run` and `serve`.
 
 Every choice carries its reason, so `run` can print it and results can record it.
 """
@@ -27,6 +27,11 @@ class EdgeEngine:
     def describe(self) -> dict[str, Any]:
         return {"engine_args": self.kwargs, "env": self.env, "reasons": self.reasons}
 
+    def explain(self) -> list[str]:
+        """One line per choice, ``key=value: why``."""
+        return [f"{key}={self.kwargs.get(key, self.env.get(key))}: {why}"
+                for key, why in self.reasons.items()]
+
     def apply_env(self) -> None:
         import os
 
@@ -36,7 +41,10 @@ class EdgeEngine:
 def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_seqs: int = 4,
                 dtype: str = "bfloat16", enforce_eager: bool = False,
                 kv_cache_memory_bytes: int | None = None, one_process: bool = True,
-                enable_prefix_caching: bool = True) -> EdgeEngine:
+                enable_prefix_caching: bool = True, server: bool = False) -> EdgeEngine:
+    """``server``: the arguments are for vLLM's API server (`serve`), whose AsyncLLM always
+    runs the engine core in a process of its own; ``one_process`` then keeps the worker
+    inside that engine-core process."""
     model_path = Path(model_path)
     config = json.loads((model_path / "config.json").read_text())
     reasons: dict[str, str] = {}
@@ -67,6 +75,8 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
         "worker_extension_cls": WORKER_EXTENSION,
     }
     reasons["worker_extension_cls"] = "lets `run` ask the worker which patches it applied"
+    reasons["max_num_seqs"] = (f"{max_num_seqs} sequences decode together; the KV budget is priced "
+                               "for all of them at full length")
     reasons["enforce_eager"] = "requested" if enforce_eager else "compiled graph (cached by the AOT fix)"
     kwargs["enable_prefix_caching"] = enable_prefix_caching
     reasons["enable_prefix_caching"] = (
@@ -88,6 +98,11 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
     if one_process:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         reasons["VLLM_ENABLE_V1_MULTIPROCESSING"] = (
+            "two processes, the API server and one engine core that runs the model itself: "
+            "vLLM's async server always starts the engine core apart, but with 0 the CPU "
+            "platform keeps the worker inside it instead of spawning a third process with its "
+            "own copy of torch and vLLM"
+            if server else
             "one process: no engine-core and worker processes to spawn, import and fill with "
             "their own copies of torch and vLLM")
         threads, why = thread_count(cores)

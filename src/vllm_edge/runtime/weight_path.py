@@ -42,6 +42,11 @@ class WeightPath:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def explain(self) -> list[str]:
+        """The lines `run` and `serve` print: the path, then each reason."""
+        tag = "" if self.verified else " (unverified)"
+        return [f"weight path: {self.name}{tag}"] + [f"  - {why}" for why in self.reasons]
+
 
 def _fields(profile: Any) -> tuple[str, dict[str, bool], int]:
     d = profile if isinstance(profile, dict) else profile.to_dict()
@@ -130,3 +135,18 @@ def for_checkpoint(path: Any) -> WeightPath:
     return WeightPath(name, [f"a model directory runs as stored (quantization_config: "
                              f"{method or 'none'}); --dtype and the probe do not requantize it"],
                       scheme=method, group=group)
+
+
+def model_for_engine(model: str, priority: str = "speed", dtype: str = "auto") -> tuple[Any, WeightPath]:
+    """(directory to load, its weight path) for a model argument of `run` or `serve`.
+
+    An embedded model gets the path chosen for this CPU, prepared and quantized on first
+    use; a model directory runs as stored."""
+    from vllm_edge.models import default
+    from vllm_edge.runtime import hw
+
+    if model == "default" or model in default.MODELS:
+        wpath = for_run(hw.profile(), priority, dtype)
+        return default.ensure_model(model, wpath.scheme, wpath.group), wpath
+    path = default.ensure_model(model)
+    return path, for_checkpoint(path)

@@ -133,3 +133,33 @@ def test_metric_line_holds_only_metrics():
     line = speed.metric_line(res)
     assert line == {"benchmark": "speed", "build": "m (bfloat16, eager)", "pp64_tps": 100.0,
                     "tg8_tps": 20.0, "load_s": 3.0, "peak_rss_anon_mb": 700.0}
+
+
+def test_metric_line_carries_weight_bytes():
+    res = {"build": "m", "load_s": 3.0, "metrics": {"pp64_tps": {"median": 100.0}},
+           "memory_phases": {"load_peak_rss_anon_mb": 500.0},
+           "weights": {"weights_resident_mb": 80.5, "dequant_workspace_mb": 3.4}}
+    line = speed.metric_line(res)
+    assert line["weights_resident_mb"] == 80.5 and line["dequant_workspace_mb"] == 3.4
+
+
+def test_weight_bytes_from_the_ledger_split_workspace_and_opaque():
+    class FakeLLM:
+        def collective_rpc(self, name):
+            assert name == "vllm_edge_ledger"
+            return [{"roles": {"packed weights": {"resident_mb": 60.0, "allocated_mb": 61.0},
+                               "buffers": {"resident_mb": 1.0, "allocated_mb": 1.0},
+                               "workspace": {"resident_mb": 3.4, "allocated_mb": 3.4}},
+                     "opaque_packed_handles": {"handles": 2, "estimated_mb": 12.0}}]
+
+    assert speed.weight_bytes(FakeLLM()) == {
+        "weights_resident_mb": 61.0, "weights_allocated_mb": 62.0,
+        "weights_opaque_est_mb": 12.0, "dequant_workspace_mb": 3.4}
+
+
+def test_weight_bytes_without_a_ledger_is_empty():
+    class Plain:
+        def collective_rpc(self, name):
+            raise AttributeError(name)
+
+    assert speed.weight_bytes(Plain()) == {}

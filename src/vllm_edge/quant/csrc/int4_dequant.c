@@ -29,6 +29,9 @@ void edge_int4_dequant_blocks(const uint8_t* packed, const uint16_t* sz, uint16_
   uint8_t tile[32][32] __attribute__((aligned(64)));
   /* per row of the block: the 16 possible values of its current group (a lookup table) */
   uint16_t lut[64][32] __attribute__((aligned(64)));
+#if defined(__AVX512BW__)
+  const __m512 qm8 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+#endif
 #if defined(__AVX512VBMI__)
   /* byte t of row j (t < 32) sits at byte 4t of the first gather (t < 16) or 4(t-16) of the
      second (index + 64); row j+1 at +1; rows j+2, j+3 at +2, +3 */
@@ -67,7 +70,16 @@ void edge_int4_dequant_blocks(const uint8_t* packed, const uint16_t* sz, uint16_
         const uint16_t* szr = sz + (g * n + b * 64) * 2;
         for (int r = 0; r < 64; r++) {
           float s = bf2f(szr[2 * r]), z = bf2f(szr[2 * r + 1]);
+#if defined(__AVX512BW__)
+          /* the 16 entries at once; the same fp32 multiply-add and rounding as f2bf */
+          __m512 v = _mm512_add_ps(_mm512_mul_ps(qm8, _mm512_set1_ps(s)), _mm512_set1_ps(z));
+          __m512i u = _mm512_castps_si512(v);
+          u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
+                                                   _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+          _mm256_store_si256((__m256i*)lut[r], _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
+#else
           for (int q = 0; q < 16; q++) lut[r][q] = f2bf((float)(q - 8) * s + z);
+#endif
         }
         gprev = g;
       }

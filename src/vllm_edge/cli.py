@@ -50,7 +50,7 @@ def _cmd_models_synthetic(args: argparse.Namespace) -> int:
 
     try:
         shape = synthetic.Shape.derive(args.hidden, args.layers, args.vocab, args.intermediate,
-                                       args.heads, args.kv_heads, args.tied)
+                                       args.heads, args.kv_heads, args.tied, args.arch)
         tok = args.tokenizer_from or default.prepare("default")
         path = synthetic.build(args.out, shape, tokenizer_from=tok, seed=args.seed)
     except (ValueError, FileNotFoundError, default.ModelNotAvailable) as exc:
@@ -199,8 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_verify_flags(mi)
     mi.set_defaults(func=_cmd_models_import)
     add_export_command(msub)
-    ms = msub.add_parser("synthetic", help="a Llama-shaped bf16 checkpoint with random weights")
+    ms = msub.add_parser("synthetic", help="a bf16 checkpoint with random weights (Llama, Qwen2 or Qwen3)")
     ms.add_argument("out")
+    ms.add_argument("--arch", choices=("llama", "qwen2", "qwen3"), default="llama",
+                    help="qwen2 adds q/k/v biases, qwen3 per-head q/k RMSNorm (default llama)")
     ms.add_argument("--hidden", type=int, default=2048)
     ms.add_argument("--layers", type=int, default=16)
     ms.add_argument("--vocab", type=int, default=49152)

@@ -51,3 +51,17 @@ def test_kv_cache_allocated_vs_resident_and_unattributed():
 def test_anon_mappings_sum_to_roughly_rss_anon():
     m = anon_mappings()
     assert m["mappings"] > 0 and m["total_anon_mb"] > 0 and m["largest"][0]["anon_mb"] >= 0
+
+
+def test_cpu_int4_workspace_is_attributed(monkeypatch):
+    """The multi-row dequantization buffer is process state, not a parameter: the ledger
+    names it instead of leaving it unattributed."""
+    from vllm_edge.quant import native
+
+    ws = torch.ones(3 << 20, dtype=torch.bfloat16)  # 6 MiB, touched
+    monkeypatch.setattr(native, "_workspace", ws)
+    led = ledger(Tiny())
+    assert led["roles"]["workspace"]["storages"] == 1
+    assert abs(led["roles"]["workspace"]["resident_mb"] - 6.0) <= 0.1
+    monkeypatch.setattr(native, "_workspace", None)
+    assert "workspace" not in ledger(Tiny())["roles"]

@@ -165,3 +165,33 @@ def test_cli_rejects_a_missing_bandwidth_file_and_quant_on_a_directory(capsys, m
     args = build_parser().parse_args(["bench", "speed", "--model", str(tmp_path), "--quant", "cpu_int4"])
     assert args.func(args) == 2
     assert "--quant cpu_int4 needs an embedded model name" in capsys.readouterr().err
+
+
+def test_metric_line_carries_weight_bytes():
+    res = {"build": "m", "load_s": 3.0, "metrics": {"pp64_tps": {"median": 100.0}},
+           "memory_phases": {"load_peak_rss_anon_mb": 500.0},
+           "weights": {"weights_resident_mb": 80.5, "dequant_workspace_mb": 3.4}}
+    line = speed.metric_line(res)
+    assert line["weights_resident_mb"] == 80.5 and line["dequant_workspace_mb"] == 3.4
+
+
+def test_weight_bytes_from_the_ledger_split_workspace_and_opaque():
+    class FakeLLM:
+        def collective_rpc(self, name):
+            assert name == "vllm_edge_ledger"
+            return [{"roles": {"packed weights": {"resident_mb": 60.0, "allocated_mb": 61.0},
+                               "buffers": {"resident_mb": 1.0, "allocated_mb": 1.0},
+                               "workspace": {"resident_mb": 3.4, "allocated_mb": 3.4}},
+                     "opaque_packed_handles": {"handles": 2, "estimated_mb": 12.0}}]
+
+    assert speed.weight_bytes(FakeLLM()) == {
+        "weights_resident_mb": 61.0, "weights_allocated_mb": 62.0,
+        "weights_opaque_est_mb": 12.0, "dequant_workspace_mb": 3.4}
+
+
+def test_weight_bytes_without_a_ledger_is_empty():
+    class Plain:
+        def collective_rpc(self, name):
+            raise AttributeError(name)
+
+    assert speed.weight_bytes(Plain()) == {}

@@ -106,3 +106,30 @@ def test_cli(tmp_path, tok_dir):
     assert (cfg["num_hidden_layers"], cfg["tie_word_embeddings"], cfg["num_key_value_heads"]) == (1, False, 2)
     assert main(["models", "synthetic", str(tmp_path / "bad"), "--hidden", "100", "--heads", "3",
                  "--tokenizer-from", str(tok_dir)]) == 2
+
+
+@pytest.mark.parametrize("arch,cls", [("qwen2", "Qwen2ForCausalLM"), ("qwen3", "Qwen3ForCausalLM")])
+def test_builds_a_loadable_second_arch(tmp_path, tok_dir, arch, cls):
+    """Every tensor the transformers class expects is written, and nothing else."""
+    import transformers
+    from safetensors.torch import load_file
+
+    shape = Shape.derive(**TINY, intermediate=256, tied=True, arch=arch)
+    out = synthetic.build(tmp_path / arch, shape, tokenizer_from=tok_dir, progress=False)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == [cls]
+    sd = {}
+    for f in out.glob("*.safetensors"):
+        sd.update(load_file(str(f)))
+    model = getattr(transformers, cls)(transformers.AutoConfig.for_model(**cfg))
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    if arch == "qwen2":
+        assert 0.4 < sd["model.layers.0.self_attn.k_proj.bias"].float().std().item() < 0.6
+    else:
+        assert "model.layers.1.self_attn.q_norm.weight" in sd
+
+
+def test_unknown_arch():
+    with pytest.raises(ValueError, match="arch 'gpt2'"):
+        Shape.derive(128, 1, 64, arch="gpt2")

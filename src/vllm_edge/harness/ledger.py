@@ -33,7 +33,19 @@ def resident_bytes(addr: int, nbytes: int) -> int:
     return min(nbytes, resident * PAGE)
 
 
+def _workspaces() -> list[tuple[str, Any, bool]]:
+    """Process-wide scratch tensors that are not module state: cpu_int4's dequantization
+    workspace (quant/native.py), if that module was ever loaded here."""
+    import sys
+
+    native = sys.modules.get("vllm_edge.quant.native")
+    ws = getattr(native, "_workspace", None)
+    return [] if ws is None else [("cpu_int4.dequant_workspace", ws, True)]
+
+
 def _role(name: str, tensor: Any, is_buffer: bool) -> str:
+    if name == "cpu_int4.dequant_workspace":
+        return "workspace"
     low = name.lower()
     if "embed_tokens" in low or "lm_head" in low or "wte" in low:
         return "embedding/head"
@@ -117,6 +129,7 @@ def ledger(model: Any, kv_caches: Iterable[Any] = (), top: int = 10) -> dict[str
     named += [(n, b, True) for n, b in model.named_buffers(remove_duplicate=False)]
     packed, opaque = _packed_closures(model)
     named += packed
+    named += _workspaces()
     storages = _storages(named)
     roles: dict[str, dict[str, float]] = {}
     tied_bytes = 0

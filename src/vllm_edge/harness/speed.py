@@ -345,6 +345,24 @@ def traffic(result: dict, acc: Any, contexts: list[tuple[str, float]], ceiling: 
 
 # --- a whole run -------------------------------------------------------------
 
+def weight_bytes(llm: Any) -> dict[str, float]:
+    """The worker's model tensors (deduplicated storages, resident by mincore) and the
+    cpu_int4 dequantization workspace, from the memory ledger; taken after the runs so
+    the workspace has reached its size. Empty if the engine has no edge worker extension."""
+    try:
+        led = llm.collective_rpc("vllm_edge_ledger")[0]
+    except Exception as exc:  # a plain engine: report the gap, do not fail the speed run
+        print(f"[speed] no weight ledger: {exc}", file=sys.stderr)
+        return {}
+    roles = {k: v for k, v in led["roles"].items() if k != "workspace"}
+    ws = led["roles"].get("workspace", {})
+    return {"weights_resident_mb": round(sum(r["resident_mb"] for r in roles.values()), 1),
+            "weights_allocated_mb": round(sum(r["allocated_mb"] for r in roles.values()), 1),
+            # oneDNN handles hold packed bf16 weights we cannot address: counted from shapes
+            "weights_opaque_est_mb": round(led.get("opaque_packed_handles", {}).get("estimated_mb", 0.0), 1),
+            "dequant_workspace_mb": round(ws.get("resident_mb", 0.0), 1)}
+
+
 def model_max_len(path: Path) -> int | None:
     import json
 
@@ -407,6 +425,7 @@ def run(cfg: SpeedConfig, pinning: dict | None = None, out: str | os.PathLike | 
     with TreeSampler(interval=0.5) as bench_mem:
         measured = measure(vllm_generate(llm), cfg, source, log=lambda s: log(f"[speed] {s}"))
     memory["bench_peak_rss_anon_mb"] = round(bench_mem.peak_mb, 1)
+    weights = weight_bytes(llm)
     del llm
 
     result = {
@@ -419,6 +438,7 @@ def run(cfg: SpeedConfig, pinning: dict | None = None, out: str | os.PathLike | 
         "load_s": round(load_s, 3),
         "import_vllm_s": round(import_s, 3),
         "memory_phases": memory,
+        "weights": weights,
         "timings": measured["timings"],
         "engine": edge.describe(),
         "pinning": pinning,
@@ -447,6 +467,8 @@ def metric_line(result: dict) -> dict:
         prefix = "" if i == 0 else key[:-len("_tps")] + "_"
         for field in ("bytes_per_token", "gb_per_s_effective", "pct_of_ceiling"):
             line[prefix + field] = t[field]
+    for k, v in (result.get("weights") or {}).items():
+        line[k] = v
     if result.get("out"):
         line["out"] = result["out"]
     return line

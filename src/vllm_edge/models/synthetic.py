@@ -1,6 +1,10 @@
-"""A Llama-shaped bf16 checkpoint with random weights, for speed and memory measurements
-at sizes the embedded model does not reach (issue 4: hidden 2048, 16 layers, vocabulary
-49152, tied head, ~1B parameters).
+"""A bf16 checkpoint with random weights, for speed and memory measurements at sizes the
+embedded model does not reach (issue 4: hidden 2048, 16 layers, vocabulary 49152, tied
+head, ~1B parameters), and for running architectures we have no real weights of.
+
+Architectures (``arch``): ``llama`` (LlamaForCausalLM), ``qwen2`` (Qwen2ForCausalLM: a
+Llama block plus q/k/v biases) and ``qwen3`` (Qwen3ForCausalLM: no biases, RMSNorm on the
+per-head queries and keys). Same tensor shapes otherwise.
 
 Tensors are generated and written one shard at a time (one shard resident, never the
 whole model), into an atomically renamed directory. The tokenizer and chat template come
@@ -21,7 +25,11 @@ from typing import Iterator
 from vllm_edge import atomic
 
 logger = logging.getLogger("vllm_edge.models")
-CONVERTER_VERSION = "synthetic/1"
+CONVERTER_VERSION = "synthetic/2"
+ARCHES = ("llama", "qwen2", "qwen3")
+# Trained Qwen2 q/k/v biases are O(1) while its weights are O(0.02); a bias this size also
+# makes a dropped bias visible in the output (tests/quant/test_second_arch.py).
+QWEN2_BIAS_STD = 0.5
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "generation_config.json")
 INIT_STD = 0.02  # the Llama initializer_range
@@ -36,19 +44,23 @@ class Shape:
     heads: int
     kv_heads: int
     tied: bool = True
+    arch: str = "llama"
 
     @classmethod
     def derive(cls, hidden: int, layers: int, vocab: int, intermediate: int | None = None,
-               heads: int | None = None, kv_heads: int | None = None, tied: bool = True) -> "Shape":
+               heads: int | None = None, kv_heads: int | None = None, tied: bool = True,
+               arch: str = "llama") -> "Shape":
         """Llama-3.2-1B's ratios: MLP 2.75x hidden (rounded to 256), head dim 64, 4 queries per KV head."""
         heads = heads or max(1, hidden // 64)
         kv_heads = kv_heads or max(1, heads // 4)
         intermediate = intermediate or max(256, round(hidden * 2.75 / 256) * 256)
-        s = cls(hidden, layers, vocab, intermediate, heads, kv_heads, tied)
+        s = cls(hidden, layers, vocab, intermediate, heads, kv_heads, tied, arch)
         s.validate()
         return s
 
     def validate(self) -> None:
+        if self.arch not in ARCHES:
+            raise ValueError(f"arch {self.arch!r} is not one of {', '.join(ARCHES)}")
         if min(self.hidden, self.layers, self.vocab, self.intermediate, self.heads, self.kv_heads) < 1:
             raise ValueError(f"every dimension must be positive: {self}")
         if self.hidden % self.heads:
@@ -70,6 +82,13 @@ class Shape:
             yield f"{p}.self_attn.q_proj.weight", (h, h)
             yield f"{p}.self_attn.k_proj.weight", (kv, h)
             yield f"{p}.self_attn.v_proj.weight", (kv, h)
+            if self.arch == "qwen2":
+                yield f"{p}.self_attn.q_proj.bias", (h,)
+                yield f"{p}.self_attn.k_proj.bias", (kv,)
+                yield f"{p}.self_attn.v_proj.bias", (kv,)
+            if self.arch == "qwen3":
+                yield f"{p}.self_attn.q_norm.weight", (self.head_dim,)
+                yield f"{p}.self_attn.k_norm.weight", (self.head_dim,)
             yield f"{p}.self_attn.o_proj.weight", (h, h)
             yield f"{p}.post_attention_layernorm.weight", (h,)
             yield f"{p}.mlp.gate_proj.weight", (self.intermediate, h)
@@ -84,8 +103,8 @@ class Shape:
         return sum(math.prod(s) for _, s in self.tensors())
 
 
-def llama_config(shape: Shape, base: dict | None = None) -> dict:
-    """A LlamaForCausalLM config; token ids, rope and norm settings come from ``base``."""
+def model_config(shape: Shape, base: dict | None = None) -> dict:
+    """The model config for ``shape.arch``; token ids, rope and norm settings come from ``base``."""
     base = base or {}
     keep = ("bos_token_id", "eos_token_id", "pad_token_id", "rope_theta", "rope_scaling",
             "rms_norm_eps", "max_position_embeddings", "hidden_act")
@@ -103,6 +122,17 @@ def llama_config(shape: Shape, base: dict | None = None) -> dict:
         "attention_bias": False, "mlp_bias": False, "torch_dtype": "bfloat16",
         "initializer_range": INIT_STD,
     })
+    if shape.arch == "qwen2":
+        cfg.update({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+                    "use_sliding_window": False, "sliding_window": None,
+                    "max_window_layers": shape.layers})
+        for k in ("attention_bias", "mlp_bias", "head_dim"):  # implied by the architecture
+            cfg.pop(k)
+    elif shape.arch == "qwen3":
+        cfg.update({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+                    "use_sliding_window": False, "sliding_window": None,
+                    "max_window_layers": shape.layers})
+        cfg.pop("mlp_bias")
     return cfg
 
 
@@ -146,7 +176,9 @@ def build(out: str | Path, shape: Shape, *, tokenizer_from: str | Path, seed: in
         for fname, shard in zip(names, shards):
             tensors = {}
             for name, s in shard:
-                if len(s) == 1:  # RMSNorm weights: ones, as a fresh Llama has
+                if name.endswith(".bias"):
+                    t = (torch.randn(s, generator=gen) * QWEN2_BIAS_STD).to(torch.bfloat16)
+                elif len(s) == 1:  # RMSNorm weights: ones, as a fresh Llama has
                     t = torch.ones(s, dtype=torch.bfloat16)
                 else:
                     t = torch.empty(s, dtype=torch.bfloat16)
@@ -162,7 +194,7 @@ def build(out: str | Path, shape: Shape, *, tokenizer_from: str | Path, seed: in
         total = sum(math.prod(s) * 2 for _, s in shape.tensors())
         (tmp / "model.safetensors.index.json").write_text(json.dumps(
             {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
-        (tmp / "config.json").write_text(json.dumps(llama_config(shape, base_cfg), indent=2) + "\n")
+        (tmp / "config.json").write_text(json.dumps(model_config(shape, base_cfg), indent=2) + "\n")
         for f in TOKENIZER_FILES:
             if (tok_dir / f).exists():
                 shutil.copy2(tok_dir / f, tmp / f)

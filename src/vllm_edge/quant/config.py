@@ -34,6 +34,9 @@ class CpuInt4Config(QuantizationConfig):
     - ``direct_dequant``: dequantize straight from the packed tinygemm tensor (one
       resident copy). When false, or when the installed kernel's layout no longer
       matches the measured one, a plain copy is kept for dequantization.
+    - ``dequant_workspace_mb``: cap of the one reusable bf16 buffer the multi-row route
+      dequantizes into (process-wide, grown to the largest layer up to the cap; larger
+      layers run in chunks of output rows). Not a weight copy: one layer at a time.
     - ``modules_to_not_convert``: prefixes left in bf16.
     """
 
@@ -41,7 +44,8 @@ class CpuInt4Config(QuantizationConfig):
                  prefill_dequant: bool = True,
                  dequant_threshold: int = ops.DEFAULT_DEQUANT_THRESHOLD,
                  direct_dequant: bool = True,
-                 modules_to_not_convert: list[str] | None = None) -> None:
+                 modules_to_not_convert: list[str] | None = None,
+                 dequant_workspace_mb: int = ops.DEFAULT_WORKSPACE_MB) -> None:
         super().__init__()
         if group_size not in GROUP_SIZES:
             raise ValueError(
@@ -50,7 +54,10 @@ class CpuInt4Config(QuantizationConfig):
             )
         if int(dequant_threshold) < 0:
             raise ValueError(f"cpu_int4: dequant_threshold must be >= 0, got {dequant_threshold}")
+        if int(dequant_workspace_mb) < 1:
+            raise ValueError(f"cpu_int4: dequant_workspace_mb must be >= 1, got {dequant_workspace_mb}")
         self.group_size = int(group_size)
+        self.dequant_workspace_mb = int(dequant_workspace_mb)
         self.quantize_embedding = bool(quantize_embedding)
         self.prefill_dequant = bool(prefill_dequant)
         self.dequant_threshold = int(dequant_threshold)
@@ -60,7 +67,8 @@ class CpuInt4Config(QuantizationConfig):
     def __repr__(self) -> str:
         return (f"CpuInt4Config(group_size={self.group_size}, quantize_embedding="
                 f"{self.quantize_embedding}, prefill_dequant={self.prefill_dequant}, "
-                f"dequant_threshold={self.dequant_threshold}, direct_dequant={self.direct_dequant})")
+                f"dequant_threshold={self.dequant_threshold}, direct_dequant={self.direct_dequant}, "
+                f"dequant_workspace_mb={self.dequant_workspace_mb})")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -70,6 +78,7 @@ class CpuInt4Config(QuantizationConfig):
             "prefill_dequant": self.prefill_dequant,
             "dequant_threshold": self.dequant_threshold,
             "direct_dequant": self.direct_dequant,
+            "dequant_workspace_mb": self.dequant_workspace_mb,
             "modules_to_not_convert": self.modules_to_not_convert,
         }
 
@@ -97,6 +106,7 @@ class CpuInt4Config(QuantizationConfig):
     def from_config(cls, config: dict[str, Any]) -> "CpuInt4Config":
         known = {"quant_method", "group_size", "quantize_embedding", "prefill_dequant",
                  "dequant_threshold", "direct_dequant", "modules_to_not_convert", "bits",
+                 "dequant_workspace_mb",
                  "scheme", "version"}
         unknown = sorted(set(config) - known)
         if unknown:
@@ -112,6 +122,8 @@ class CpuInt4Config(QuantizationConfig):
                 config, ["dequant_threshold"], ops.DEFAULT_DEQUANT_THRESHOLD),
             direct_dequant=cls.get_from_keys_or(config, ["direct_dequant"], True),
             modules_to_not_convert=cls.get_from_keys_or(config, ["modules_to_not_convert"], None),
+            dequant_workspace_mb=cls.get_from_keys_or(
+                config, ["dequant_workspace_mb"], ops.DEFAULT_WORKSPACE_MB),
         )
 
     @classmethod

@@ -156,6 +156,7 @@ class Int4WeightsMixin:
         ok, why = pack.supports(n, k, cfg.group_size)
         layer.cpu_int4_threshold = cfg.effective_threshold
         layer.cpu_int4_group = cfg.group_size
+        layer.cpu_int4_workspace_mb = cfg.dequant_workspace_mb
         if not ok:
             layer.cpu_int4_mode = "fallback"
             log_once(f"fallback:{why}", "cpu_int4: %s uses dequantize-then-GEMM (%s); "
@@ -190,7 +191,8 @@ class Int4WeightsMixin:
             return torch.nn.functional.linear(x, w, bias)
         plain = (layer.weight_plain, layer.weight_scale, layer.weight_zero) if mode == "tinygemm+plain" else (None, None, None)
         return ops.int4_linear(x, layer.weight_packed, layer.weight_sz, layer.cpu_int4_kgroup,
-                               layer.cpu_int4_threshold, *plain, layer.cpu_int4_group, bias=bias)
+                               layer.cpu_int4_threshold, *plain, layer.cpu_int4_group, bias=bias,
+                               workspace_mb=layer.cpu_int4_workspace_mb)
 
 
 class CpuInt4LinearMethod(Int4WeightsMixin, LinearMethodBase):

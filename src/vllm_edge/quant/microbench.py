@@ -1,7 +1,10 @@
 """Batch-1 (and batch-M) timing of the cpu_int4 op against a bf16 linear, interleaved.
 
 ``python -m vllm_edge.quant.microbench`` writes benchmarks/results/cpu_int4_microbench.json.
-Arms alternate inside every pass so load swings hit both; medians and ratios are reported.
+Arms alternate inside every pass so load swings hit both; medians and ratios are reported,
+of wall time and of process CPU time (less hurt by descheduling on a shared host).
+``--profile`` adds a torch.profiler breakdown of the multi-row route at the largest row
+count: the native dequantization (``edge_int4_dequant``) against the GEMM and the rest.
 """
 
 from __future__ import annotations
@@ -12,17 +15,47 @@ import statistics
 import torch
 
 from vllm_edge.harness.timing import per_call_us as _time
-from vllm_edge.quant import ops, pack
+from vllm_edge.quant import native, ops, pack
 
 SHAPES = {"gate_up 1536x576": (1536, 576), "down 576x1536": (576, 1536),
-          "head 49152x576": (49152, 576), "4096x4096": (4096, 4096)}
+          "head 49152x576": (49152, 576), "4096x4096": (4096, 4096),
+          # the issue's ~1B target (hidden 2048, MLP 5632, 8 KV heads of 64): merged layers
+          "1b qkv 3072x2048": (3072, 2048), "1b gate_up 11264x2048": (11264, 2048),
+          "1b down 2048x5632": (2048, 5632)}
 
 
-def run(rows=(1, 4, 8, 64, 512), passes: int = 7, group: int = 128, threads: int = 2) -> dict:
+def profile_multi_row(p, sz, kg, x, reps: int = 5) -> dict:
+    """Where the multi-row route's time goes: torch.profiler self time per op (wall), and
+    the process CPU time of the dequantization and of the GEMM run alone (medians; CPU time
+    survives descheduling on a shared host better than wall time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(reps):
+            ops.int4_linear(x, p, sz, kg, 0)
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    out = {"profiler_self_ms": {e.key: round(e.self_cpu_time_total / reps / 1e3, 2) for e in rows[:8]}}
+    w = native.dequantize(p, sz, kg)
+    if w is not None:
+        parts = {"dequant": lambda: native.dequantize(p, sz, kg, out=w),
+                 "gemm": lambda: torch.nn.functional.linear(x, w),
+                 "op": lambda: ops.int4_linear(x, p, sz, kg, 0)}
+        cpu = {a: [] for a in parts}
+        for i in range(reps):
+            for a, fn in parts.items():
+                cpu[a].append(_time(fn, 1)[1] / 1e3)
+        out["cpu_ms"] = {a: round(statistics.median(v), 2) for a, v in cpu.items()}
+    return out
+
+
+def run(rows=(1, 4, 8, 64, 512), passes: int = 7, group: int = 128, threads: int = 2,
+        shapes: list[str] | None = None, profile: bool = False) -> dict:
     torch.set_num_threads(threads)
     ops.register()
     results = []
     for label, (n, k) in SHAPES.items():
+        if shapes and not any(s in label for s in shapes):
+            continue
         w = torch.randn(n, k) * 0.05
         q, s, z = pack.quantize(w, group)
         p = pack.pack_nibbles(q)
@@ -61,10 +94,14 @@ def run(rows=(1, 4, 8, 64, 512), passes: int = 7, group: int = 128, threads: int
                 "bf16_over_int4_op": round(med["bf16"] / med["int4_op"], 2),
                 "bf16_over_int4_op_cpu": round(statistics.median(cpu["bf16"]) / statistics.median(cpu["int4_op"]), 2),
             })
+            if profile and m == max(rows) and m > ops.DEFAULT_DEQUANT_THRESHOLD:
+                results[-1]["profile_multi_row"] = profile_multi_row(p, sz, kg, x)
+                print(f"{'':>18} profile: {results[-1]['profile_multi_row']}", flush=True)
             print(f"{label:>18} rows={m:<4} " + " ".join(f"{a}={v:9.1f}us" for a, v in med.items())
                   + f"  bf16/int4={results[-1]['bf16_over_int4_op']} (cpu {results[-1]['bf16_over_int4_op_cpu']})",
                   flush=True)
     return {"passes": passes, "threads": threads, "dequant_threshold": ops.DEFAULT_DEQUANT_THRESHOLD,
+            "workspace_mb": ops.DEFAULT_WORKSPACE_MB, "native_dequant": native.library() is not None,
             "results": results}
 
 
@@ -75,9 +112,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--passes", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rows", default="1,4,8,64,512", help="activation rows, comma-separated")
+    ap.add_argument("--group", type=int, default=128)
+    ap.add_argument("--shapes", default=None, help="substrings of shape labels to run (default: all)")
+    ap.add_argument("--profile", action="store_true",
+                    help="torch.profiler breakdown of the multi-row route at the largest row count")
     ap.add_argument("--out", default="benchmarks/results/cpu_int4_microbench.json")
     a = ap.parse_args()
-    res = run(passes=a.passes, threads=a.threads)
+    res = run(rows=tuple(int(r) for r in a.rows.split(",")), passes=a.passes, group=a.group,
+              threads=a.threads, shapes=a.shapes.split(",") if a.shapes else None, profile=a.profile)
     res["provenance"] = provenance.collect(threads=a.threads, extra={"torch": torch.__version__})
     atomic.write_json(a.out, res)
 

@@ -12,15 +12,18 @@ from typing import Optional
 
 import torch
 
-from vllm_edge.quant import pack
+from vllm_edge.quant import native, pack
 
 OP_NAME = "edge_cpu_int4_linear"
 EMBED_OP_NAME = "edge_cpu_int4_embedding"
-# Rows above which dequantize-then-GEMM wins. Measured crossover ~240 rows at 1 thread
-# (benchmarks/results/cpu_int4_microbench.json): tinygemm costs ~23 us/row at 576x1536,
-# the torch-op dequantization ~2.5 ms per call. A fused dequant kernel would lower it.
-DEFAULT_DEQUANT_THRESHOLD = 256
+# Rows above which dequantize-then-GEMM wins. With the native dequantizer (native.py) the
+# measured crossover is 32-64 rows at SmolLM2 and 1B shapes (docs/cpu-4bit.md); with the
+# torch-op fallback it was ~240, so a build without a C compiler loses some prefill speed.
+DEFAULT_DEQUANT_THRESHOLD = 48
 NEVER = 1 << 62  # a threshold that keeps every batch on tinygemm
+# Cap of the one reusable bf16 buffer the multi-row route dequantizes into (native.py).
+# 32 MB holds a whole 4096x4096 layer; larger ones run in chunks of output rows.
+DEFAULT_WORKSPACE_MB = 32
 
 _lock = threading.Lock()
 _registered = False
@@ -29,7 +32,8 @@ _registered = False
 def int4_linear_impl(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
                      group_size: int, dequant_threshold: int,
                      plain: Optional[torch.Tensor] = None, plain_scale: Optional[torch.Tensor] = None,
-                     plain_zero: Optional[torch.Tensor] = None, plain_group: int = 0) -> torch.Tensor:
+                     plain_zero: Optional[torch.Tensor] = None, plain_group: int = 0,
+                     workspace_mb: int = DEFAULT_WORKSPACE_MB) -> torch.Tensor:
     k = x.shape[-1]
     n = scales_zeros.shape[1]
     x2 = x.reshape(-1, k)
@@ -38,7 +42,9 @@ def int4_linear_impl(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.
             w = pack.dequantize_plain(plain, plain_scale, plain_zero, plain_group, dtype=x.dtype)
             out = torch.nn.functional.linear(x2, w)
         else:
-            out = torch.matmul(x2, pack.dequantize_packed_t(packed, scales_zeros, group_size, dtype=x.dtype))
+            out = native.linear(x2, packed, scales_zeros, group_size, workspace_mb << 20)
+            if out is None:  # no native kernel (logged once) or not bf16
+                out = torch.matmul(x2, pack.dequantize_packed_t(packed, scales_zeros, group_size, dtype=x.dtype))
     else:
         sz = scales_zeros if scales_zeros.dtype == x.dtype else scales_zeros.to(x.dtype)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), packed, group_size, sz)
@@ -48,7 +54,8 @@ def int4_linear_impl(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.
 def _fake(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
           group_size: int, dequant_threshold: int,
           plain: Optional[torch.Tensor] = None, plain_scale: Optional[torch.Tensor] = None,
-          plain_zero: Optional[torch.Tensor] = None, plain_group: int = 0) -> torch.Tensor:
+          plain_zero: Optional[torch.Tensor] = None, plain_group: int = 0,
+          workspace_mb: int = DEFAULT_WORKSPACE_MB) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], scales_zeros.shape[1]))
 
 
@@ -82,11 +89,12 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tenso
                 group_size: int, dequant_threshold: int,
                 plain: torch.Tensor | None = None, plain_scale: torch.Tensor | None = None,
                 plain_zero: torch.Tensor | None = None, plain_group: int = 0,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
+                bias: torch.Tensor | None = None,
+                workspace_mb: int = DEFAULT_WORKSPACE_MB) -> torch.Tensor:
     if not _registered:  # no lock on the hot path: dynamo cannot trace one
         register()
     out = getattr(torch.ops.vllm, OP_NAME)(x, packed, scales_zeros, group_size, dequant_threshold,
-                                           plain, plain_scale, plain_zero, plain_group)
+                                           plain, plain_scale, plain_zero, plain_group, workspace_mb)
     return out if bias is None else out + bias
 
 

@@ -25,7 +25,7 @@ SCHEMES = ("cpu_int4", "gptq")
 GROUPS = (64, 128)
 REPORT_NAME = "quantization_report.json"
 # Bump when the output of a scheme changes, so cached checkpoints are redone.
-CONVERTER_VERSION = "quantize/1"
+CONVERTER_VERSION = "quantize/2"
 # the source's import manifest describes the bf16 conversion, not this checkpoint
 _SKIP_COPY = {"config.json", "model.safetensors.index.json", REPORT_NAME, "vllm_edge_manifest.json"}
 
@@ -156,6 +156,7 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
         "quant_method": scheme, "bits": 4, "group_size": group,
         "quantize_embedding": quantize_embedding, "prefill_dequant": True,
         "dequant_threshold": _default_threshold(), "direct_dequant": True,
+        "dequant_workspace_mb": _default_workspace_mb(),
         "modules_to_not_convert": skip,
     }
     new_config = dict(config)
@@ -190,6 +191,12 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
         if manifest is not None:
             (tmp / "vllm_edge_manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return dst
+
+
+def _default_workspace_mb() -> int:
+    from vllm_edge.quant.ops import DEFAULT_WORKSPACE_MB
+
+    return DEFAULT_WORKSPACE_MB
 
 
 def _default_threshold() -> int:

@@ -1,0 +1,197 @@
+"""The native dequantizer for the multi-row (prefill) route: ``csrc/int4_dequant.c``.
+
+The torch-op formulation (``pack.dequantize_packed_t``) costs ~2.5 ns per weight of CPU
+time (addcmul with int8 -> bf16 promotion, strided outputs), as much as the 512-row bf16
+GEMM it feeds. The C kernel reads the packed tinygemm tensor once and writes row-major
+bf16 through a 16-entry lookup table per row and group: ~0.4 ns per weight here
+(docs/cpu-4bit.md). It is bit-identical to :func:`pack.dequantize_packed`.
+
+It is plain C without torch headers, built with the system C compiler on first use
+(about 0.3 s) and cached under ``$VLLM_EDGE_HOME/kernels``, keyed by the source, the
+compiler, the flags and the CPU's ISA flags (``-march=native`` code must not run on
+another CPU sharing the cache). No compiler, or a failed build, means the torch-op route,
+logged once: slower, never wrong. Calls go through ctypes, which releases the GIL, so
+the rows are split over ``torch.get_num_threads()`` Python threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import platform
+import shutil
+import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger("vllm_edge.quant")
+SOURCE = Path(__file__).with_name("csrc") / "int4_dequant.c"
+BLOCK_N = 64
+_FLAG_SETS = (["-O3", "-march=native"], ["-O3"])
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _compiler() -> str | None:
+    return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def _build(cc: str, flags: list[str], out: Path) -> None:
+    from vllm_edge import atomic
+
+    with atomic.file_path(out) as tmp:
+        subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", str(tmp), str(SOURCE)],
+                       check=True, capture_output=True, text=True, timeout=120)
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel, built on first use; ``None`` (logged once) if it cannot be."""
+    from vllm_edge import envs
+
+    cc = _compiler()
+    if cc is None:
+        logger.warning("cpu_int4: no C compiler found; multi-row batches dequantize with torch "
+                       "ops (correct, ~6x slower dequantization)")
+        return None
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout.splitlines()[:1]
+    except (OSError, subprocess.SubprocessError):
+        version = []
+    errors = []
+    for flags in _FLAG_SETS:
+        key = hashlib.sha256("\n".join([SOURCE.read_text(), cc, *version, *flags, platform.machine(),
+                                        _cpu_flags()]).encode()).hexdigest()[:16]
+        path = envs.home() / "kernels" / f"int4_dequant-{key}.so"
+        try:
+            if not path.exists():
+                _build(cc, flags, path)
+            lib = ctypes.CDLL(str(path))
+        except (OSError, subprocess.SubprocessError) as exc:
+            err = getattr(exc, "stderr", "") or str(exc)
+            errors.append(f"{' '.join(flags)}: {err.strip()[-300:]}")
+            continue
+        for name in ("edge_int4_dequant_blocks", "edge_int4_dequant_tail"):
+            fn = getattr(lib, name)
+            fn.restype = None
+            fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * (5 if "blocks" in name else 3)
+        return lib
+    logger.warning("cpu_int4: building %s failed (%s); multi-row batches dequantize with torch "
+                   "ops (correct, slower)", SOURCE.name, " | ".join(errors))
+    return None
+
+
+def _executor(threads: int) -> ThreadPoolExecutor:
+    global _pool, _pool_size
+    with _pool_lock:
+        if _pool is None or _pool_size != threads:
+            if _pool is not None:
+                _pool.shutdown(wait=False)
+            _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="edge-int4-deq")
+            _pool_size = threads
+        return _pool
+
+
+def dequantize(packed: torch.Tensor, sz: torch.Tensor, kgroup: int, r0: int = 0,
+               r1: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Rows ``[r0, r1)`` of the tinygemm-layout weight as row-major bf16 ``[r1 - r0, K]``
+    (into ``out`` if given), or ``None`` when the kernel is unavailable or the tensors
+    are not in the expected form.
+
+    ``sz`` is tinygemm's bf16 ``[K/kgroup, N, 2]``. ``r0`` must be a multiple of 64, and
+    ``r1`` too unless it is N (the tail block).
+    """
+    lib = library()
+    if lib is None:
+        return None
+    n = packed.shape[0]
+    k = sz.shape[0] * kgroup
+    r1 = n if r1 is None else r1
+    if (sz.dtype != torch.bfloat16 or k % 32 or not packed.is_contiguous() or not sz.is_contiguous()
+            or r0 % BLOCK_N or (r1 % BLOCK_N and r1 != n) or not 0 <= r0 < r1 <= n):
+        return None
+    w = out[:r1 - r0] if out is not None else torch.empty(r1 - r0, k, dtype=torch.bfloat16)
+    p, s, o = packed.data_ptr(), sz.data_ptr(), w.data_ptr()
+    row_bytes = k * w.element_size()
+    b0, b1 = r0 // BLOCK_N, r1 // BLOCK_N
+    threads = max(1, min(torch.get_num_threads(), b1 - b0))
+    if b1 > b0:
+        if threads == 1:
+            lib.edge_int4_dequant_blocks(p, s, o, n, k, kgroup, b0, b1)
+        else:
+            bounds = [b0 + (b1 - b0) * i // threads for i in range(threads + 1)]
+            jobs = [_executor(threads).submit(lib.edge_int4_dequant_blocks, p, s,
+                                              o + (lo - b0) * BLOCK_N * row_bytes, n, k, kgroup, lo, hi)
+                    for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+            for j in jobs:
+                j.result()
+    if r1 == n and n % BLOCK_N:
+        lib.edge_int4_dequant_tail(p, s, o + (b1 * BLOCK_N - r0) * row_bytes, n, k, kgroup)
+    return w
+
+
+# One reusable bf16 buffer per process. A fresh [N, K] tensor per call is mmap'd above
+# glibc's 32 MB mmap ceiling and page-faulted in on every call: measured 20 ms instead
+# of 7 ms for a 4096x4096 dequantization.
+_ws_lock = threading.Lock()
+_workspace: torch.Tensor | None = None
+
+
+def _workspace_rows(n: int, k: int, cap_bytes: int) -> int:
+    rows = max(BLOCK_N, cap_bytes // (2 * k) // BLOCK_N * BLOCK_N)
+    return n if rows >= n else rows
+
+
+def linear(x2: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, kgroup: int,
+           workspace_bytes: int) -> torch.Tensor | None:
+    """``x2 @ W^T`` for bf16 ``x2`` [M, K]: dequantize into the workspace (at most
+    ``workspace_bytes``, grown on demand and kept), then a bf16 GEMM; layers larger than the
+    workspace run in chunks of output rows. ``None`` when the native kernel cannot run."""
+    global _workspace
+    if library() is None or x2.dtype != torch.bfloat16:
+        return None
+    n = packed.shape[0]
+    k = sz.shape[0] * kgroup
+    rows = _workspace_rows(n, k, workspace_bytes)
+    with _ws_lock:
+        if _workspace is None or _workspace.numel() < rows * k:
+            _workspace = None  # free the old one before allocating the larger one
+            _workspace = torch.empty(rows * k, dtype=torch.bfloat16)
+        ws = _workspace[:rows * k].view(rows, k)
+        if rows == n:
+            with torch.profiler.record_function("edge_int4_dequant"):
+                w = dequantize(packed, sz, kgroup, out=ws)
+            return None if w is None else torch.nn.functional.linear(x2, w)
+        out = torch.empty(x2.shape[0], n, dtype=x2.dtype)
+        for r0 in range(0, n, rows):
+            r1 = min(n, r0 + rows)
+            with torch.profiler.record_function("edge_int4_dequant"):
+                w = dequantize(packed, sz, kgroup, r0, r1, out=ws)
+            if w is None:
+                return None
+            out[:, r0:r1] = torch.nn.functional.linear(x2, w)
+        return out
+
+
+def workspace_bytes() -> int:
+    """Bytes the process-wide dequantization workspace holds now (0 before first use)."""
+    ws = _workspace
+    return 0 if ws is None else ws.numel() * ws.element_size()

@@ -134,3 +134,27 @@ def test_soak_summary_flags_errors_and_memory():
     rising = [(100.0 + i, 1000.0 + 10 * i, 2) for i in range(20)]
     r = soak._summary(o[:1], rising, 100.0, 5, 20)
     assert not r["rss_anon"]["flat_within_5pct"] and r["rss_anon"]["drift_pct"] > 5
+
+
+def test_sse_lines_split_on_newlines_only():
+    # U+2028 and U+0085 are legal unescaped inside JSON strings; splitting on them (as httpx's
+    # aiter_lines does) breaks a chunk in two.
+    import asyncio
+    import json
+
+    from vllm_edge.harness.soak import sse_lines
+
+    chunk = json.dumps({"choices": [{"delta": {"content": "a\u2028b\x85c"}}]}, ensure_ascii=False)
+    wire = f"data: {chunk}\r\n\r\ndata: [DONE]\n\n"
+
+    class Resp:
+        async def aiter_text(self):
+            for i in range(0, len(wire), 7):  # chunk boundaries fall anywhere, \r\n included
+                yield wire[i:i + 7]
+
+    async def collect():
+        return [line async for line in sse_lines(Resp())]
+
+    data = [line[6:] for line in asyncio.run(collect()) if line.startswith("data: ")]
+    assert data == [chunk, "[DONE]"]
+    assert json.loads(data[0])["choices"][0]["delta"]["content"] == "a\u2028b\x85c"

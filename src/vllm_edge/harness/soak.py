@@ -16,6 +16,7 @@ import ipaddress
 import json
 import os
 import random
+import re
 import signal
 import socket
 import statistics
@@ -24,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 from urllib.parse import urlparse
 
 from vllm_edge.harness import prompts
@@ -38,6 +39,20 @@ MIX = {"stream": 3, "nonstream": 2, "tool_required": 1, "tool_named": 1, "tool_a
 EXPECTED = {"ok", "ok_tool_calls", "ok_no_tool_call", "tool_call_cut_at_max_tokens", "cancelled",
             "rejected_overlong"}
 FLAT_PCT = 5.0
+
+
+async def sse_lines(resp: Any) -> AsyncIterator[str]:
+    """Server-sent-event lines, split on CR/LF only. httpx's ``aiter_lines`` splits like
+    ``str.splitlines`` (also on U+0085, U+2028, ...), which the model may generate inside a
+    JSON string: the 10-minute soak's one client error was such a split chunk."""
+    buf = ""
+    async for text in resp.aiter_text():
+        buf += text
+        *lines, buf = re.split(r"\r\n|\r|\n", buf)
+        for line in lines:
+            yield line
+    if buf:
+        yield buf
 
 
 class SoakError(Exception):
@@ -104,7 +119,7 @@ class Soak:
                 await resp.aread()
                 return _http_class(resp.status_code), {"status": resp.status_code,
                                                        "detail": resp.text[:200]}
-            async for line in resp.aiter_lines():
+            async for line in sse_lines(resp):
                 if not line.startswith("data: "):
                     continue
                 data = line[6:]

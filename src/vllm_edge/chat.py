@@ -34,8 +34,24 @@ def _model_path(model: str, scheme: str | None = None, group: int | None = None)
     import subprocess
     from pathlib import Path
 
-    from vllm_edge.models import default
+    from vllm_edge.models import default, vlm
 
+    parsed = vlm.parse_key(model)
+    if parsed:
+        # a named build (smolvlm-135m-cpu_int4-g64[-vision]) runs as named; the bare key
+        # takes the scheme chosen by the caller
+        vision = parsed[2]
+        if parsed[0]:
+            scheme, group = parsed[0], parsed[1]
+        ok = vlm.ready(scheme, group or 64, vision) if scheme else vlm.ready()
+        if not ok:
+            default.source_gguf(default.resolve_key("default"))
+            cmd = [sys.executable, "-m", "vllm_edge.cli", "models", "build-vlm"]
+            if scheme:
+                cmd += ["--quant", scheme, "--group", str(group or 64),
+                        "--quantize-vision" if vision else "--no-quantize-vision"]
+            subprocess.run(cmd, check=True)
+        return vlm.quantized_dir(scheme, group or 64, vision) if scheme else vlm.prepared_dir()
     if (model == "default" or model in default.MODELS) and scheme:
         target = default.quantized_dir(default.resolve_key(model), scheme, group)
         if not default.quantized_ready(model, scheme, group):
@@ -55,17 +71,38 @@ def _model_path(model: str, scheme: str | None = None, group: int | None = None)
 def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None = DEFAULT_SYSTEM,
         max_tokens: int = 64, max_model_len: int = 2048, enforce_eager: bool = False,
         one_process: bool = True, as_json: bool = False, dtype: str = "auto",
-        priority: str = "speed") -> dict[str, Any]:
-    from vllm_edge.models import default
+        priority: str = "speed", images: list[str] | None = None) -> dict[str, Any]:
+    from vllm_edge.models import default, vlm
     from vllm_edge.runtime import hw, weight_path
+    from vllm_edge.runtime import images as img_mod
     from vllm_edge.runtime.engine import edge_engine
 
     started = process_start_epoch()
-    if model == "default" or model in default.MODELS:
+    images = list(images or [])
+    # Every image is read, checked and decoded before any model work, so a bad file costs
+    # no engine start (ImageInputError is a ValueError: the CLI prints it and exits 2).
+    limits = img_mod.ImageLimits.from_env()
+    loaded = [img_mod.load(src, limits) for src in images]
+    if loaded and model == "default":
+        model = vlm.KEY
+        print(f"[vllm-edge] --image: using the embedded vision-language model {vlm.KEY} "
+              "(docs/multimodal.md)", file=sys.stderr)
+    if model == vlm.KEY:
         wpath = weight_path.for_run(hw.profile(), priority, dtype)
+        if wpath.scheme not in (None, "cpu_int4"):
+            wpath = weight_path.WeightPath(
+                "cpu_int4", wpath.reasons + [f"{vlm.KEY} has no {wpath.name} build; using cpu_int4"],
+                fallback_from=wpath.name)
+        img_mod.check_count(len(loaded), limits, model=model)
+        path = _model_path(model, wpath.scheme, wpath.group)
+    elif model == "default" or model in default.MODELS:
+        wpath = weight_path.for_run(hw.profile(), priority, dtype)
+        img_mod.check_count(len(loaded), limits, model=model, accepts_images=False)
         path = _model_path(model, wpath.scheme, wpath.group)
     else:
         path = _model_path(model)
+        img_mod.check_count(len(loaded), limits, model=str(path),
+                            accepts_images=img_mod.model_accepts_images(path))
         wpath = weight_path.for_checkpoint(path)
     # always on stderr, even with --json: a fallback is never silent
     tag = "" if wpath.verified else " (unverified)"
@@ -75,6 +112,8 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
     with TreeSampler() as sampler:
         edge = edge_engine(path, max_model_len=max_model_len, enforce_eager=enforce_eager,
                            one_process=one_process)
+        if img_mod.model_accepts_images(path):
+            edge.kwargs["limit_mm_per_prompt"] = {"image": limits.max_images}
         edge.apply_env()
         if not as_json:
             print(f"[vllm-edge] model: {path}", file=sys.stderr)
@@ -88,7 +127,11 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
         llm = LLM(**edge.kwargs, disable_log_stats=False)
         ready_s = time.time() - started
         worker = llm.collective_rpc("vllm_edge_report")
-        messages = [{"role": "user", "content": prompt}]
+        content: Any = prompt
+        if loaded:
+            content = [*({"type": "image_pil", "image_pil": li.image} for li in loaded),
+                       {"type": "text", "text": prompt}]
+        messages = [{"role": "user", "content": content}]
         if system:
             messages.insert(0, {"role": "system", "content": system})
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
@@ -104,8 +147,12 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
             "pid": os.getpid(),
             "model": str(path),
             "prompt": prompt,
+            "images": [{"source": img_mod.describe(li.source), "format": li.format,
+                        "width": li.width, "height": li.height, "bytes": li.nbytes} for li in loaded],
+            "prompt_tokens": len(out.prompt_token_ids or []),
             "answer": answer,
             "generated_tokens": n_tokens,
+            "token_ids": list(out.outputs[0].token_ids),
             "ready_s": round(ready_s, 3),
             "import_vllm_s": round(import_s, 3),
             "generate_s": round(gen_s, 3),

@@ -23,7 +23,7 @@ def config_from_args(args: argparse.Namespace) -> speed.SpeedConfig:
         reps=args.reps, threads=args.threads,
         cpus=speed.parse_int_list(args.cpus, "--cpus") or None,
         enforce_eager=args.enforce_eager, dtype=args.dtype, max_model_len=args.max_model_len,
-        warmup=not args.no_warmup)
+        warmup=not args.no_warmup, image_px=args.image_px)
 
 
 def _cmd_speed(args: argparse.Namespace) -> int:
@@ -34,6 +34,8 @@ def _cmd_speed(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         path = Path(_model_path(cfg.model))
         speed.validate(cfg, speed.model_max_len(path))
+        if cfg.image_px:
+            speed.image_token_id(path)
         cores = speed.core_set(cfg.cpus, cfg.threads, sorted(os.sched_getaffinity(0)))
     except (speed.SpeedArgError, ModelNotAvailable, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -80,5 +82,8 @@ def add_speed_commands(sub: "argparse._SubParsersAction") -> None:
     s.add_argument("--max-model-len", type=int, default=None,
                    help="engine max_model_len (default: what the longest run needs)")
     s.add_argument("--no-warmup", action="store_true", help="time the first calls too")
+    s.add_argument("--image-px", type=int, default=None, metavar="PX",
+                   help="vision-language models: also time the prefill of one PX-by-PX image "
+                        "(img{PX}_prefill_s) and tg with it in context (tg{N}_img_tps)")
     s.add_argument("--out", default=None, help="write the full result JSON with provenance here")
     s.set_defaults(func=_cmd_speed)

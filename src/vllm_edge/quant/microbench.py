@@ -16,6 +16,11 @@ from vllm_edge.quant import ops, pack
 
 SHAPES = {"gate_up 1536x576": (1536, 576), "down 576x1536": (576, 1536),
           "head 49152x576": (49152, 576), "4096x4096": (4096, 4096)}
+# The VLM's SigLIP-shaped vision tower (models/vlm.py): a 512-pixel tile is 1024 patch
+# rows, so image prefill runs these linears at 1024 rows (docs/multimodal.md).
+VISION_SHAPES = {"vision qkv/out 768x768": (768, 768), "vision fc1 3072x768": (3072, 768),
+                 "vision fc2 768x3072": (768, 3072)}
+SETS = {"lm": (SHAPES, (1, 4, 8, 64, 512)), "vision": (VISION_SHAPES, (1024,))}
 
 
 def _time(fn, reps: int) -> tuple[float, float]:
@@ -27,11 +32,12 @@ def _time(fn, reps: int) -> tuple[float, float]:
     return (time.perf_counter() - t0) / reps * 1e6, (time.process_time() - c0) / reps * 1e6
 
 
-def run(rows=(1, 4, 8, 64, 512), passes: int = 7, group: int = 128, threads: int = 2) -> dict:
+def run(rows=(1, 4, 8, 64, 512), passes: int = 7, group: int = 128, threads: int = 2,
+        shapes: dict | None = None) -> dict:
     torch.set_num_threads(threads)
     ops.register()
     results = []
-    for label, (n, k) in SHAPES.items():
+    for label, (n, k) in (shapes or SHAPES).items():
         w = torch.randn(n, k) * 0.05
         q, s, z = pack.quantize(w, group)
         p = pack.pack_nibbles(q)
@@ -84,11 +90,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--passes", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="benchmarks/results/cpu_int4_microbench.json")
+    ap.add_argument("--set", choices=sorted(SETS), default="lm",
+                    help="lm: SmolLM2 and 4096 shapes at 1-512 rows; vision: the VLM's vision "
+                         "tower at 1024 rows (one image tile)")
+    ap.add_argument("--group", type=int, default=128)
+    ap.add_argument("--out", default=None,
+                    help="default: benchmarks/results/cpu_int4_microbench.json (lm) or "
+                         "cpu_int4_microbench_vision.json")
     a = ap.parse_args()
-    res = run(passes=a.passes, threads=a.threads)
+    shapes, rows = SETS[a.set]
+    out = a.out or ("benchmarks/results/cpu_int4_microbench.json" if a.set == "lm"
+                    else "benchmarks/results/cpu_int4_microbench_vision.json")
+    res = run(rows=rows, passes=a.passes, threads=a.threads, group=a.group, shapes=shapes)
+    res["set"] = a.set
     res["provenance"] = provenance.collect(threads=a.threads, extra={"torch": torch.__version__})
-    atomic.write_json(a.out, res)
+    atomic.write_json(out, res)
 
 
 if __name__ == "__main__":

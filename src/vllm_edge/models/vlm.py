@@ -18,7 +18,6 @@ around the embedded SmolLM2-135M (issue 9).
 from __future__ import annotations
 
 import json
-import logging
 import math
 import re
 from dataclasses import asdict, dataclass
@@ -27,7 +26,6 @@ from typing import Iterator
 
 from vllm_edge import atomic, envs
 
-logger = logging.getLogger("vllm_edge.models")
 
 CONVERTER_VERSION = "vlm/1"
 MANIFEST_NAME = "vllm_edge_manifest.json"

@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from vllm_edge.harness.procmem import TreeSampler, process_start_epoch
@@ -30,18 +31,35 @@ def _histogram(metrics: list, name: str) -> tuple[int, float]:
 def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None = DEFAULT_SYSTEM,
         max_tokens: int = 64, max_model_len: int = 2048, enforce_eager: bool = False,
         one_process: bool = True, as_json: bool = False, dtype: str = "auto",
-        priority: str = "speed") -> dict[str, Any]:
+        priority: str = "speed", images: list[str] | None = None) -> dict[str, Any]:
+    from vllm_edge.models import vlm
+    from vllm_edge.runtime import images as img_mod
     from vllm_edge.runtime import weight_path
     from vllm_edge.runtime.engine import edge_engine
 
     started = process_start_epoch()
+    images = list(images or [])
+    # Every image is read, checked and decoded before any model work, so a bad file costs
+    # no engine start (ImageInputError is a ValueError: the CLI prints it and exits 2).
+    limits = img_mod.ImageLimits.from_env()
+    loaded = [img_mod.load(src, limits) for src in images]
+    if loaded and model == "default":
+        model = vlm.KEY
+        print(f"[vllm-edge] --image: using the embedded vision-language model {vlm.KEY} "
+              "(docs/multimodal.md)", file=sys.stderr)
+    if loaded and vlm.parse_key(model) is None and not Path(model).is_dir():
+        img_mod.check_count(len(loaded), limits, model=model, accepts_images=False)
     path, wpath = weight_path.model_for_engine(model, priority, dtype)
+    img_mod.check_count(len(loaded), limits, model=str(path),
+                        accepts_images=img_mod.model_accepts_images(path))
     # always on stderr, even with --json: a fallback is never silent
     for line in wpath.explain():
         print(f"[vllm-edge] {line}", file=sys.stderr)
     with TreeSampler() as sampler:
         edge = edge_engine(path, max_model_len=max_model_len, enforce_eager=enforce_eager,
                            one_process=one_process)
+        if img_mod.model_accepts_images(path):
+            edge.kwargs["limit_mm_per_prompt"] = {"image": limits.max_images}
         edge.apply_env()
         if not as_json:
             print(f"[vllm-edge] model: {path}", file=sys.stderr)
@@ -54,7 +72,11 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
         llm = LLM(**edge.kwargs, disable_log_stats=False)
         ready_s = time.time() - started
         worker = llm.collective_rpc("vllm_edge_report")
-        messages = [{"role": "user", "content": prompt}]
+        content: Any = prompt
+        if loaded:
+            content = [*({"type": "image_pil", "image_pil": li.image} for li in loaded),
+                       {"type": "text", "text": prompt}]
+        messages = [{"role": "user", "content": content}]
         if system:
             messages.insert(0, {"role": "system", "content": system})
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
@@ -70,8 +92,12 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
             "pid": os.getpid(),
             "model": str(path),
             "prompt": prompt,
+            "images": [{"source": img_mod.describe(li.source), "format": li.format,
+                        "width": li.width, "height": li.height, "bytes": li.nbytes} for li in loaded],
+            "prompt_tokens": len(out.prompt_token_ids or []),
             "answer": answer,
             "generated_tokens": n_tokens,
+            "token_ids": list(out.outputs[0].token_ids),
             "ready_s": round(ready_s, 3),
             "import_vllm_s": round(import_s, 3),
             "generate_s": round(gen_s, 3),

@@ -60,6 +60,31 @@ def _cmd_models_synthetic(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_models_build_vlm(args: argparse.Namespace) -> int:
+    from vllm_edge.models import default, vlm
+
+    try:
+        if args.out:
+            shape = vlm.VisionShape(args.vision_hidden, args.vision_layers, args.vision_intermediate,
+                                    args.vision_heads, args.patch, args.image_size, args.scale_factor,
+                                    args.longest_edge or args.image_size)
+            if args.quant:
+                raise ValueError("--quant builds the cached default VLM; quantize a custom OUT "
+                                 "with `vllm-edge quantize OUT DST --quantize-vision/--no-quantize-vision`")
+            path = vlm.build(args.out, text_dir=default.prepare("default"), vision=shape,
+                             seed=args.seed)
+        elif args.quant:
+            path = vlm.prepare_quantized(args.quant, args.group, quantize_vision=args.quantize_vision,
+                                         force=args.force)
+        else:
+            path = vlm.prepare(force=args.force)
+    except (ValueError, FileNotFoundError, default.ModelNotAvailable) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
 def _cmd_models_list(args: argparse.Namespace) -> int:
     from vllm_edge.models import default
 
@@ -81,7 +106,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             model=args.model, prompt=args.prompt, system=args.system or None,
             max_tokens=args.max_tokens, max_model_len=args.max_model_len,
             enforce_eager=args.enforce_eager, one_process=not args.multiprocess, as_json=args.json,
-            dtype=args.dtype, priority=args.priority,
+            dtype=args.dtype, priority=args.priority, images=args.image,
         )
     except (ModelNotAvailable, GgufImportError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -173,6 +198,12 @@ def _cmd_bench_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def vlm_shape_defaults():
+    from vllm_edge.models.vlm import VisionShape
+
+    return VisionShape()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vllm-edge", description="vLLM on edge CPUs.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -215,6 +246,32 @@ def build_parser() -> argparse.ArgumentParser:
     ms.add_argument("--tokenizer-from", default=None,
                     help="model directory whose tokenizer to reuse (default: the embedded model)")
     ms.set_defaults(func=_cmd_models_synthetic)
+    mv = msub.add_parser("build-vlm", help="an Idefics3 (SmolVLM-shaped) checkpoint: SmolLM2's real "
+                         "weights, a seeded random vision encoder (docs/multimodal.md)")
+    mv.add_argument("out", nargs="?", default=None,
+                    help="output directory (default: the cached build under VLLM_EDGE_HOME)")
+    mv.add_argument("--quant", choices=("cpu_int4",), default=None,
+                    help="also quantize the cached build (language model, embedding and head)")
+    mv.add_argument("--group", type=int, choices=(64, 128), default=64)
+    mv.add_argument("--quantize-vision", action=argparse.BooleanOptionalAction, default=False,
+                    help="with --quant: quantize the vision tower's linears too (default: no; "
+                         "see docs/multimodal.md for the measurement)")
+    mv.add_argument("--force", action="store_true", help="build again even if cached")
+    shape = vlm_shape_defaults()
+    mv.add_argument("--vision-hidden", type=int, default=shape.hidden)
+    mv.add_argument("--vision-layers", type=int, default=shape.layers)
+    mv.add_argument("--vision-intermediate", type=int, default=shape.intermediate)
+    mv.add_argument("--vision-heads", type=int, default=shape.heads)
+    mv.add_argument("--patch", type=int, default=shape.patch)
+    mv.add_argument("--image-size", type=int, default=shape.image_size,
+                    help="the encoder's tile size in pixels")
+    mv.add_argument("--scale-factor", type=int, default=shape.scale_factor,
+                    help="pixel-shuffle factor of the connector")
+    mv.add_argument("--longest-edge", type=int, default=None,
+                    help="processor resize target; above --image-size images are split into tiles "
+                         "(default: --image-size, one tile per image)")
+    mv.add_argument("--seed", type=int, default=0)
+    mv.set_defaults(func=_cmd_models_build_vlm)
     ml = msub.add_parser("list", help="embedded models and whether they are prepared")
     ml.set_defaults(func=_cmd_models_list)
 
@@ -232,6 +289,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: the weight path chosen for this CPU (4-bit); bf16: unquantized")
     r.add_argument("--priority", choices=("speed", "fidelity"), default="speed",
                    help="what the weight-path choice favours (see docs/cpu-4bit.md)")
+    r.add_argument("--image", action="append", default=None, metavar="PATH",
+                   help="an image file (or a data:image/...;base64 URL) to put before the prompt; "
+                        "repeat for several. With --model default, runs the embedded VLM "
+                        "smolvlm-135m (docs/multimodal.md)")
     r.set_defaults(func=_cmd_run)
 
     sv = sub.add_parser(

@@ -122,6 +122,27 @@ _declare(
 )
 
 _declare(
+    "VLLM_EDGE_MAX_IMAGE_BYTES", "int", 20 << 20,
+    "Largest image input, in encoded bytes (file or data URL), that `run --image` and the "
+    "image validation for `serve` accept (runtime/images.py); larger ones get a clear error "
+    "(HTTP 413) before any decode.",
+    "20 MiB covers a full-resolution phone JPEG; the processor resizes every image to the "
+    "encoder's 512-pixel tile anyway, so larger inputs only cost memory and decode time.",
+)
+_declare(
+    "VLLM_EDGE_MAX_IMAGE_PIXELS", "int", 4096 * 4096,
+    "Largest image input in pixels (width x height, read from the header before decoding).",
+    "A 16-megapixel RGB image decodes to 48 MiB; this bounds the decode on a small device "
+    "and stops decompression bombs well below PIL's own 89 M-pixel warning.",
+)
+_declare(
+    "VLLM_EDGE_MAX_IMAGES", "int", 4,
+    "Images allowed in one prompt; also vLLM's `limit_mm_per_prompt` for image models.",
+    "With the default VLM build one image is 67 prompt tokens, so 4 leave most of a "
+    "2048-token context for text; vLLM also sizes its encoder-cache profile from this limit.",
+)
+
+_declare(
     "OMP_NUM_THREADS", "int", None,
     "OpenMP thread count, set (never read for a decision) before torch or vLLM is imported: "
     "`bench speed` sets it to the size of its core set; the edge mode of `run` to the number "

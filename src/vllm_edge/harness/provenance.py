@@ -72,10 +72,13 @@ def model_fingerprint(path: str | os.PathLike | None) -> dict[str, Any] | None:
     """Path plus a sha256 over config and weight files (or the manifest's, if any)."""
     if path is None:
         return None
-    from vllm_edge.models import default
+    from vllm_edge.models import default, vlm
 
     if str(path) == "default" or str(path) in default.MODELS:
         path = default.prepared_dir(default.resolve_key(str(path)))
+    elif vlm.parse_key(str(path)):
+        scheme, group, vision = vlm.parse_key(str(path))
+        path = vlm.quantized_dir(scheme, group, vision) if scheme else vlm.prepared_dir()
     p = Path(path)
     info: dict[str, Any] = {"path": str(p)}
     if p.is_dir():

@@ -6,6 +6,11 @@
 * ``tg{N}_at_d{D}_tps``: the same on a D-token prompt (decode at depth).
 * ``b{B}_tg_tps``: the tg difference with B distinct prompts submitted at once;
   total tokens over all sequences.
+* with ``image_px`` (a vision-language model): ``img{px}_prefill_s``, the wall time of
+  a 1-token run on one px-by-px image plus a TG_PROMPT_LEN-token text (image
+  preprocessing, vision encoder, connector and the language model's prefill), and
+  ``tg{N}_img_tps``, the tg difference on such a prompt (decode with the image in
+  context). Every call gets a new image, so vLLM's encoder cache never serves a repeat.
 
 :func:`measure` is the single measurement core: ``bench speed``, grid arms and
 ``compare`` all go through it with an engine-backed ``generate`` callable.
@@ -28,8 +33,10 @@ from vllm_edge.harness import stats
 # empty context; we need at least a few tokens to have a prompt at all.
 TG_PROMPT_LEN = 16
 
-# generate(prompts, max_tokens) -> wall seconds of one timed call
-Generate = Callable[[list[list[int]], int], float]
+# generate(prompts, max_tokens) -> wall seconds of one timed call. A prompt is a list of
+# token ids, or a dict vLLM takes as is (token ids plus multi_modal_data).
+Prompt = list[int] | dict
+Generate = Callable[[list[Prompt], int], float]
 
 
 class SpeedArgError(ValueError):
@@ -57,6 +64,7 @@ class SpeedConfig:
     # an embedded model's quantized build, made once and cached as `vllm-edge run` does
     quant: str | None = None
     group: int = 64
+    image_px: int | None = None
 
 
 # --- keys and arithmetic -----------------------------------------------------
@@ -71,6 +79,14 @@ def tg_key(tg_tokens: int, depth: int | None = None) -> str:
 
 def batch_key(batch: int) -> str:
     return f"b{batch}_tg_tps"
+
+
+def img_prefill_key(px: int) -> str:
+    return f"img{px}_prefill_s"
+
+
+def img_tg_key(tg_tokens: int) -> str:
+    return f"tg{tg_tokens}_img_tps"
 
 
 def pp_tps(prompt_tokens: int, seconds: float) -> float:
@@ -106,6 +122,10 @@ def required_len(cfg: SpeedConfig) -> int:
     """Positions the longest sequence of this run needs."""
     need = [cfg.prompt_len + 1, TG_PROMPT_LEN + cfg.tg_tokens]
     need += [d + cfg.tg_tokens for d in cfg.context_lens]
+    if cfg.image_px:
+        # an image expands to up to 17 tiles of 64 tokens plus markers in Idefics3; the
+        # engine checks the real count, this only has to leave room for it
+        need.append(TG_PROMPT_LEN + cfg.tg_tokens + 1200)
     return max(need)
 
 
@@ -121,6 +141,8 @@ def validate(cfg: SpeedConfig, model_max_len: int | None = None) -> int:
         raise SpeedArgError("--threads must be at least 1")
     if cfg.max_model_len is not None and cfg.max_model_len < 2:
         raise SpeedArgError("--max-model-len must be at least 2")
+    if cfg.image_px is not None and cfg.image_px < 1:
+        raise SpeedArgError("--image-px must be at least 1")
     limit, source = cfg.max_model_len, "--max-model-len"
     if model_max_len is not None and (limit is None or model_max_len < limit):
         limit, source = model_max_len, "the model's max_position_embeddings"
@@ -195,6 +217,27 @@ class TokenSource:
         return out
 
 
+class ImagePrompts:
+    """Prompts of one image token plus text; each call builds a new seeded image (so no
+    cache in vLLM can serve a repeat), outside the timed region."""
+
+    def __init__(self, image_token_id: int, px: int, source: TokenSource):
+        self.image_token_id, self.px, self.source = image_token_id, px, source
+        self.count = 0
+
+    def image(self):
+        import numpy as np
+        from PIL import Image
+
+        self.count += 1
+        rng = np.random.default_rng(self.count)
+        return Image.fromarray(rng.integers(0, 256, (self.px, self.px, 3), dtype=np.uint8))
+
+    def take(self, text_tokens: int) -> dict:
+        return {"prompt_token_ids": [self.image_token_id, *self.source.take(text_tokens)],
+                "multi_modal_data": {"image": self.image()}}
+
+
 def corpus_source(tokenizer: Any) -> TokenSource:
     from vllm_edge.harness import prompts
 
@@ -204,7 +247,8 @@ def corpus_source(tokenizer: Any) -> TokenSource:
 # --- the measurement core ----------------------------------------------------
 
 def measure(generate: Generate, cfg: SpeedConfig, source: TokenSource,
-            log: Callable[[str], None] = lambda s: None) -> dict:
+            log: Callable[[str], None] = lambda s: None,
+            images: ImagePrompts | None = None) -> dict:
     """Run every metric ``cfg.reps`` times, interleaved per rep.
 
     Returns ``{"runs": {metric: [tps per rep]}, "timings": [raw records]}``.
@@ -213,10 +257,13 @@ def measure(generate: Generate, cfg: SpeedConfig, source: TokenSource,
     timings: list[dict] = []
     n = cfg.tg_tokens
 
-    def tg_pair(prompts: list[list[int]]) -> tuple[float, float]:
+    def tg_pair(prompts: list[Prompt], again: Callable[[], list[Prompt]] | None = None) -> tuple[float, float]:
         t1 = generate(prompts, 1)
-        tn = generate(prompts, n)
+        tn = generate(again() if again else prompts, n)
         return t1, tn
+
+    if cfg.image_px and images is None:
+        raise ValueError("image_px is set but no image prompts were given")
 
     if cfg.warmup:
         # First calls pay lazy initialisation (and compile shapes); keep them out of the numbers.
@@ -224,6 +271,8 @@ def measure(generate: Generate, cfg: SpeedConfig, source: TokenSource,
         generate([source.take(TG_PROMPT_LEN)], 2)
         for b in cfg.batches:
             generate([source.take(TG_PROMPT_LEN) for _ in range(b)], 2)
+        if images:
+            generate([images.take(TG_PROMPT_LEN)], 2)
 
     for rep in range(cfg.reps):
         t = generate([source.take(cfg.prompt_len)], 1)
@@ -244,6 +293,21 @@ def measure(generate: Generate, cfg: SpeedConfig, source: TokenSource,
             runs.setdefault(key, []).append(tg_tps(n, tn, t1, seqs=b))
             timings.append({"rep": rep, "metric": key, "seqs": b, "prompt_tokens": TG_PROMPT_LEN,
                             "t_1_s": t1, "t_n_s": tn})
+
+        if images:
+            t = generate([images.take(TG_PROMPT_LEN)], 1)
+            key = img_prefill_key(images.px)
+            runs.setdefault(key, []).append(t)
+            timings.append({"rep": rep, "metric": key, "text_tokens": TG_PROMPT_LEN, "t_s": t})
+            # same text, a new image: both runs pay the encoder, so it cancels
+            text = images.source.take(TG_PROMPT_LEN)
+            mk = lambda: [{"prompt_token_ids": [images.image_token_id, *text],  # noqa: E731
+                           "multi_modal_data": {"image": images.image()}}]
+            t1, tn = tg_pair(mk(), mk)
+            key = img_tg_key(n)
+            runs.setdefault(key, []).append(tg_tps(n, tn, t1))
+            timings.append({"rep": rep, "metric": key, "text_tokens": TG_PROMPT_LEN,
+                            "t_1_s": t1, "t_n_s": tn})
         log(f"rep {rep + 1}/{cfg.reps}: " + ", ".join(f"{k}={v[-1]:.1f}" for k, v in runs.items()))
     return {"runs": runs, "timings": timings}
 
@@ -258,7 +322,7 @@ def vllm_generate(llm: Any) -> Generate:
 
     def generate(prompts: list[list[int]], max_tokens: int) -> float:
         sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        batch = [{"prompt_token_ids": p} for p in prompts]
+        batch = [p if isinstance(p, dict) else {"prompt_token_ids": p} for p in prompts]
         t0 = time.perf_counter()
         outs = llm.generate(batch, sp, use_tqdm=False)
         dt = time.perf_counter() - t0
@@ -383,6 +447,16 @@ def model_path(cfg: SpeedConfig) -> Path:
     return Path(ensure_model(cfg.model, cfg.quant, cfg.group if cfg.quant else None))
 
 
+def image_token_id(path: Path) -> int:
+    import json
+
+    cfg = json.loads((path / "config.json").read_text())
+    if "vision_config" not in cfg or "image_token_id" not in cfg:
+        raise SpeedArgError(f"--image-px: {path} is not a vision-language model "
+                            "(no vision_config / image_token_id in config.json)")
+    return int(cfg["image_token_id"])
+
+
 def build_label(path: Path, cfg: SpeedConfig) -> str:
     return f"{path.name} ({cfg.dtype}, {'eager' if cfg.enforce_eager else 'compiled'})"
 
@@ -406,6 +480,11 @@ def run(cfg: SpeedConfig, pinning: dict | None = None, out: str | os.PathLike | 
                        dtype=cfg.dtype, enforce_eager=cfg.enforce_eager,
                        enable_prefix_caching=False)
     edge.kwargs["disable_log_stats"] = True
+    image_token = image_token_id(path) if cfg.image_px else None
+    if cfg.image_px:
+        edge.kwargs["limit_mm_per_prompt"] = {"image": 1}
+        # a new image per call already defeats it; off, so preprocessing is always timed
+        edge.kwargs["mm_processor_cache_gb"] = 0
     edge.apply_env()  # before vLLM is imported
 
     memory: dict[str, float] = {}
@@ -421,9 +500,11 @@ def run(cfg: SpeedConfig, pinning: dict | None = None, out: str | os.PathLike | 
     log(f"[speed] engine ready in {load_s:.1f} s (vLLM import {import_s:.1f} s); {build_label(path, cfg)}")
 
     source = corpus_source(llm.get_tokenizer())
+    images = ImagePrompts(image_token, cfg.image_px, source) if cfg.image_px else None
     # Coarse sampling: a busy sampler thread would steal time from the run it measures.
     with TreeSampler(interval=0.5) as bench_mem:
-        measured = measure(vllm_generate(llm), cfg, source, log=lambda s: log(f"[speed] {s}"))
+        measured = measure(vllm_generate(llm), cfg, source, log=lambda s: log(f"[speed] {s}"),
+                           images=images)
     memory["bench_peak_rss_anon_mb"] = round(bench_mem.peak_mb, 1)
     weights = weight_bytes(llm)
     del llm

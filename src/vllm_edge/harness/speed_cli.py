@@ -23,7 +23,8 @@ def config_from_args(args: argparse.Namespace) -> speed.SpeedConfig:
         reps=args.reps, threads=args.threads,
         cpus=speed.parse_int_list(args.cpus, "--cpus") or None,
         enforce_eager=args.enforce_eager, dtype=args.dtype, max_model_len=args.max_model_len,
-        warmup=not args.no_warmup, bandwidth=args.bandwidth, quant=args.quant, group=args.group)
+        warmup=not args.no_warmup, bandwidth=args.bandwidth, quant=args.quant, group=args.group,
+        image_px=args.image_px)
 
 
 def _cmd_speed(args: argparse.Namespace) -> int:
@@ -34,6 +35,8 @@ def _cmd_speed(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         path = speed.model_path(cfg)
         speed.validate(cfg, speed.model_max_len(path))
+        if cfg.image_px:
+            speed.image_token_id(path)
         cores = speed.core_set(cfg.cpus, cfg.threads, sorted(os.sched_getaffinity(0)))
         if cfg.bandwidth not in ("auto", "measure", "off") and not Path(cfg.bandwidth).is_file():
             raise speed.SpeedArgError(f"--bandwidth {cfg.bandwidth}: no such file "
@@ -95,5 +98,8 @@ def add_speed_commands(sub: "argparse._SubParsersAction") -> None:
                         "benchmarks/results/bandwidth.json when measured on the same cores (else "
                         "none, with the reason), measure = run `vllm-edge bandwidth` first, "
                         "or a bandwidth result file (default %(default)s)")
+    s.add_argument("--image-px", type=int, default=None, metavar="PX",
+                   help="vision-language models: also time the prefill of one PX-by-PX image "
+                        "(img{PX}_prefill_s) and tg with it in context (tg{N}_img_tps)")
     s.add_argument("--out", default=None, help="write the full result JSON with provenance here")
     s.set_defaults(func=_cmd_speed)

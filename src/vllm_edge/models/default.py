@@ -132,6 +132,24 @@ def ensure_model(name: str, scheme: str | None = None, group: int | None = None)
     import subprocess
     import sys
 
+    from vllm_edge.models import vlm
+
+    parsed = vlm.parse_key(name)
+    if parsed:
+        # A named build (smolvlm-135m-cpu_int4-g64[-vision]) runs as named; the bare key
+        # takes the scheme chosen by the caller.
+        vision = parsed[2]
+        if parsed[0]:
+            scheme, group = parsed[0], parsed[1]
+        group = group or 64
+        if not (vlm.ready(scheme, group, vision) if scheme else vlm.ready()):
+            source_gguf(resolve_key("default"))
+            cmd = [sys.executable, "-m", "vllm_edge.cli", "models", "build-vlm"]
+            if scheme:
+                cmd += ["--quant", scheme, "--group", str(group),
+                        "--quantize-vision" if vision else "--no-quantize-vision"]
+            subprocess.run(cmd, check=True)
+        return vlm.quantized_dir(scheme, group, vision) if scheme else vlm.prepared_dir()
     if not (name == "default" or name in MODELS):
         return resolve_model_path(name)
     model = resolve_key(name)

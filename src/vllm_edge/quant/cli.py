@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
     from vllm_edge.quant.quantize import REPORT_NAME, quantize_model
 
-    dst = quantize_model(args.src, args.dst, scheme=args.scheme, group=args.group,
-                         quantize_embedding=not args.keep_embedding, progress=not args.no_progress)
+    try:
+        dst = quantize_model(args.src, args.dst, scheme=args.scheme, group=args.group,
+                             quantize_embedding=not args.keep_embedding,
+                             quantize_vision=args.quantize_vision, progress=not args.no_progress)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     report = json.loads((dst / REPORT_NAME).read_text())
-    print(json.dumps({k: v for k, v in report.items() if k != "tensors"}, indent=2))
+    summary = {k: v for k, v in report.items() if k not in ("tensors", "kept_bf16")}
+    # the bf16 layers, grouped by reason (a VLM keeps its connector and maybe its tower)
+    by_reason: dict[str, int] = {}
+    for k in report.get("kept_bf16", []):
+        by_reason[k["reason"]] = by_reason.get(k["reason"], 0) + 1
+    summary["kept_bf16_by_reason"] = by_reason
+    print(json.dumps(summary, indent=2))
     return 0
 
 
@@ -27,5 +39,8 @@ def add_quant_commands(subparsers) -> None:
                    help="input columns per scale (64: SmolLM2-135M keeps its answers; see docs/cpu-4bit.md)")
     q.add_argument("--keep-embedding", action="store_true",
                    help="keep the input embedding in its source dtype (gptq always does)")
+    q.add_argument("--quantize-vision", action=argparse.BooleanOptionalAction, default=None,
+                   help="vision-language models: quantize the vision tower's linears too "
+                        "(default: no; the connector always stays bf16)")
     q.add_argument("--no-progress", action="store_true")
     q.set_defaults(func=_cmd_quantize)

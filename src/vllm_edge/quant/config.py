@@ -37,7 +37,12 @@ class CpuInt4Config(QuantizationConfig):
     - ``dequant_workspace_mb``: cap of the one reusable bf16 buffer the multi-row route
       dequantizes into (process-wide, grown to the largest layer up to the cap; larger
       layers run in chunks of output rows). Not a weight copy: one layer at a time.
-    - ``modules_to_not_convert``: prefixes left in bf16.
+    - ``modules_to_not_convert``: prefixes left in bf16;
+    - ``quantize_vision`` (vision-language models only; absent otherwise): whether the
+      quantizer packed the vision tower's linears. The checkpoint's tensors follow the
+      choice, so it is made at quantization time; the quantizer also lists the tower in
+      ``modules_to_not_convert`` when false, which is what the loader acts on. Kept here
+      so the choice is visible and part of the config vLLM hashes.
     """
 
     def __init__(self, group_size: int = 128, quantize_embedding: bool = True,
@@ -45,7 +50,8 @@ class CpuInt4Config(QuantizationConfig):
                  dequant_threshold: int = ops.DEFAULT_DEQUANT_THRESHOLD,
                  direct_dequant: bool = True,
                  modules_to_not_convert: list[str] | None = None,
-                 dequant_workspace_mb: int = ops.DEFAULT_WORKSPACE_MB) -> None:
+                 dequant_workspace_mb: int = ops.DEFAULT_WORKSPACE_MB,
+                 quantize_vision: bool | None = None) -> None:
         super().__init__()
         if group_size not in GROUP_SIZES:
             raise ValueError(
@@ -63,15 +69,18 @@ class CpuInt4Config(QuantizationConfig):
         self.dequant_threshold = int(dequant_threshold)
         self.direct_dequant = bool(direct_dequant)
         self.modules_to_not_convert = list(modules_to_not_convert or [])
+        self.quantize_vision = None if quantize_vision is None else bool(quantize_vision)
 
     def __repr__(self) -> str:
         return (f"CpuInt4Config(group_size={self.group_size}, quantize_embedding="
                 f"{self.quantize_embedding}, prefill_dequant={self.prefill_dequant}, "
                 f"dequant_threshold={self.dequant_threshold}, direct_dequant={self.direct_dequant}, "
-                f"dequant_workspace_mb={self.dequant_workspace_mb})")
+                f"dequant_workspace_mb={self.dequant_workspace_mb}, "
+                f"modules_to_not_convert={self.modules_to_not_convert}, "
+                f"quantize_vision={self.quantize_vision})")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "quant_method": NAME,
             "group_size": self.group_size,
             "quantize_embedding": self.quantize_embedding,
@@ -81,6 +90,9 @@ class CpuInt4Config(QuantizationConfig):
             "dequant_workspace_mb": self.dequant_workspace_mb,
             "modules_to_not_convert": self.modules_to_not_convert,
         }
+        if self.quantize_vision is not None:
+            out["quantize_vision"] = self.quantize_vision
+        return out
 
     @property
     def effective_threshold(self) -> int:
@@ -107,7 +119,7 @@ class CpuInt4Config(QuantizationConfig):
         known = {"quant_method", "group_size", "quantize_embedding", "prefill_dequant",
                  "dequant_threshold", "direct_dequant", "modules_to_not_convert", "bits",
                  "dequant_workspace_mb",
-                 "scheme", "version"}
+                 "scheme", "version", "quantize_vision"}
         unknown = sorted(set(config) - known)
         if unknown:
             logger.warning("cpu_int4: ignoring unknown quantization_config keys %s", unknown)
@@ -124,6 +136,7 @@ class CpuInt4Config(QuantizationConfig):
             modules_to_not_convert=cls.get_from_keys_or(config, ["modules_to_not_convert"], None),
             dequant_workspace_mb=cls.get_from_keys_or(
                 config, ["dequant_workspace_mb"], ops.DEFAULT_WORKSPACE_MB),
+            quantize_vision=cls.get_from_keys_or(config, ["quantize_vision"], None),
         )
 
     @classmethod
@@ -132,8 +145,23 @@ class CpuInt4Config(QuantizationConfig):
             return NAME
         return None
 
-    def _skipped(self, prefix: str) -> bool:
+    def _skipped_one(self, prefix: str) -> bool:
         return any(prefix == m or prefix.startswith(m + ".") for m in self.modules_to_not_convert)
+
+    def _skipped(self, prefix: str) -> bool:
+        """A fused layer (``qkv_proj``) is skipped when its checkpoint parts are; parts
+        that disagree cannot be loaded into one layer, so that is an error."""
+        base, _, last = prefix.rpartition(".")
+        parts = self.packed_modules_mapping.get(last)
+        if not parts:
+            return self._skipped_one(prefix)
+        states = {p: self._skipped_one(f"{base}.{p}" if base else p) for p in parts}
+        if len(set(states.values())) > 1:
+            raise ValueError(
+                f"cpu_int4: modules_to_not_convert lists only some parts of the fused layer "
+                f"{prefix}: {sorted(p for p, s in states.items() if s)} are bf16, "
+                f"{sorted(p for p, s in states.items() if not s)} are not")
+        return self._skipped_one(prefix) or all(states.values())
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
         from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod

@@ -22,6 +22,11 @@ SHAPES = {"gate_up 1536x576": (1536, 576), "down 576x1536": (576, 1536),
           # the issue's ~1B target (hidden 2048, MLP 5632, 8 KV heads of 64): merged layers
           "1b qkv 3072x2048": (3072, 2048), "1b gate_up 11264x2048": (11264, 2048),
           "1b down 2048x5632": (2048, 5632)}
+# The VLM's SigLIP-shaped vision tower (models/vlm.py): a 512-pixel tile is 1024 patch
+# rows, so image prefill runs these linears at 1024 rows (docs/multimodal.md).
+VISION_SHAPES = {"vision qkv/out 768x768": (768, 768), "vision fc1 3072x768": (3072, 768),
+                 "vision fc2 768x3072": (768, 3072)}
+SETS = {"lm": (SHAPES, (1, 4, 8, 64, 512)), "vision": (VISION_SHAPES, (1024,))}
 
 
 def profile_multi_row(p, sz, kg, x, reps: int = 5) -> dict:
@@ -49,11 +54,12 @@ def profile_multi_row(p, sz, kg, x, reps: int = 5) -> dict:
 
 
 def run(rows=(1, 4, 8, 64, 512), passes: int = 7, group: int = 128, threads: int = 2,
-        shapes: list[str] | None = None, profile: bool = False) -> dict:
+        shapes: list[str] | None = None, profile: bool = False,
+        table: dict | None = None) -> dict:
     torch.set_num_threads(threads)
     ops.register()
     results = []
-    for label, (n, k) in SHAPES.items():
+    for label, (n, k) in (table or SHAPES).items():
         if shapes and not any(s in label for s in shapes):
             continue
         w = torch.randn(n, k) * 0.05
@@ -112,17 +118,28 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--passes", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rows", default="1,4,8,64,512", help="activation rows, comma-separated")
+    ap.add_argument("--set", choices=sorted(SETS), default="lm",
+                    help="lm: SmolLM2, 4096 and 1B shapes at 1-512 rows; vision: the VLM's vision "
+                         "tower at 1024 rows (one image tile)")
+    ap.add_argument("--rows", default=None, help="activation rows, comma-separated (default: the set's)")
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--shapes", default=None, help="substrings of shape labels to run (default: all)")
     ap.add_argument("--profile", action="store_true",
                     help="torch.profiler breakdown of the multi-row route at the largest row count")
-    ap.add_argument("--out", default="benchmarks/results/cpu_int4_microbench.json")
+    ap.add_argument("--out", default=None,
+                    help="default: benchmarks/results/cpu_int4_microbench.json (lm) or "
+                         "cpu_int4_microbench_vision.json")
     a = ap.parse_args()
-    res = run(rows=tuple(int(r) for r in a.rows.split(",")), passes=a.passes, group=a.group,
-              threads=a.threads, shapes=a.shapes.split(",") if a.shapes else None, profile=a.profile)
+    table, rows = SETS[a.set]
+    if a.rows:
+        rows = tuple(int(r) for r in a.rows.split(","))
+    out = a.out or ("benchmarks/results/cpu_int4_microbench.json" if a.set == "lm"
+                    else "benchmarks/results/cpu_int4_microbench_vision.json")
+    res = run(rows=rows, passes=a.passes, group=a.group, threads=a.threads,
+              shapes=a.shapes.split(",") if a.shapes else None, profile=a.profile, table=table)
+    res["set"] = a.set
     res["provenance"] = provenance.collect(threads=a.threads, extra={"torch": torch.__version__})
-    atomic.write_json(a.out, res)
+    atomic.write_json(out, res)
 
 
 if __name__ == "__main__":

@@ -85,6 +85,52 @@ def _should_quantize(name: str, t_shape: tuple[int, ...], embedding: bool, skip:
     return t_shape[1] % 2 == 0
 
 
+# vLLM fuses these sibling projections into one layer with one quantization method,
+# so a sibling that must stay bf16 keeps the whole group bf16.
+FUSED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+# An Idefics3-style VLM: what stays bf16 whatever the choice, and why.
+VISION_TOWER = "model.vision_model"
+VLM_ALWAYS_BF16 = {
+    "model.connector": "the connector (modality projection) stays bf16 by design",
+    "model.vision_model.embeddings": "not a linear layer (patch convolution and position "
+                                     "embedding table)",
+}
+
+
+def vlm_skips(config: dict, quantize_vision: bool | None) -> dict[str, str]:
+    """Module prefixes a VLM keeps in bf16, with the reason for each (none for a text model)."""
+    if "vision_config" not in config:
+        if quantize_vision:
+            raise ValueError("quantize_vision applies to a vision-language model; this "
+                             "config has no vision_config")
+        return {}
+    skips = dict(VLM_ALWAYS_BF16)
+    if not quantize_vision:
+        skips[VISION_TOWER] = "quantize_vision=false: the vision tower's linears stay bf16"
+    return skips
+
+
+def unsupported_shapes(shapes: dict[str, tuple[int, ...]], group: int,
+                       candidates: list[str]) -> dict[str, str]:
+    """Weights tinygemm cannot take, with their fused siblings: name -> reason."""
+    out: dict[str, str] = {}
+    for name in candidates:
+        n, k = shapes[name]
+        ok, why = pack.supports(n, k, group)
+        if not ok:
+            out[name] = f"unsupported shape {n}x{k}: {why}"
+    for name, why in list(out.items()):
+        base = name[: -len(".weight")]
+        head, _, last = base.rpartition(".")
+        for group_names in FUSED_SIBLINGS:
+            if last in group_names:
+                for sib in group_names:
+                    sib_name = f"{head}.{sib}.weight"
+                    if sib_name in shapes and sib_name not in out:
+                        out[sib_name] = f"fused with {base}, which has an {why}"
+    return out
+
+
 def snr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:
     ref = ref.float()
     noise = (ref - approx.float()).pow(2).sum().item()
@@ -95,6 +141,7 @@ def snr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:
 def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_int4",
                    group: int = 64, *, quantize_embedding: bool = True,
                    modules_to_not_convert: list[str] | None = None,
+                   quantize_vision: bool | None = None,
                    progress: bool = True, manifest: dict | None = None) -> Path:
     """Write a ``cpu_int4`` (or ``gptq``: see :mod:`.gptq`) checkpoint of ``src_dir`` to
     ``dst_dir`` (atomically). ``gptq`` keeps the input embedding in bf16 (vLLM's GPTQ
@@ -102,6 +149,12 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
 
     ``manifest``, if given, is written as ``vllm_edge_manifest.json`` inside the same
     atomic rename, so a cached checkpoint with a manifest is always complete.
+
+    A vision-language model (a config with ``vision_config``; Idefics3 naming) keeps its
+    connector and vision embeddings in bf16, and its vision tower's linears too unless
+    ``quantize_vision``. Any weight tinygemm cannot take stays bf16 with its fused
+    siblings. All of these are listed in ``modules_to_not_convert`` and, with reasons,
+    in the report's ``kept_bf16``.
     """
     from safetensors.torch import save_file
     from tqdm import tqdm
@@ -116,6 +169,12 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
     refs = dict(_open_tensors(src))
     if scheme == "gptq":
         quantize_embedding = False
+    reasons = {m: "modules_to_not_convert given by the caller" for m in skip}
+    vlm = vlm_skips(config, quantize_vision)
+    if vlm and scheme != "cpu_int4":
+        raise ValueError(f"{src}: a vision-language model supports scheme cpu_int4 only")
+    reasons.update(vlm)
+    skip = list(dict.fromkeys([*skip, *vlm]))
     text_cfg = _text_config(config)
     tied = bool(text_cfg.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
     embed_name = next((n for n in refs if n.endswith("embed_tokens.weight")), None)
@@ -125,9 +184,25 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
         refs[head_name] = refs[embed_name]
         untied = True
 
+    shapes = {n: _shape(r) for n, r in refs.items()}
     if scheme == "gptq":  # fail before any work on a shape GPTQ cannot store
-        gptq.check_model({n: _shape(r) for n, r in refs.items()
-                          if _should_quantize(n, _shape(r), quantize_embedding, skip)}, group)
+        gptq.check_model({n: s for n, s in shapes.items()
+                          if _should_quantize(n, s, quantize_embedding, skip)}, group)
+    elif vlm:
+        # Linears tinygemm cannot take stay bf16 (vLLM would otherwise run them through
+        # the slow dequantize fallback). Embedding-like tables are never linears here.
+        cand = [n for n, s in shapes.items() if _should_quantize(n, s, quantize_embedding, skip)
+                and "embed_tokens" not in n and n != head_name]
+        for name, why in unsupported_shapes(shapes, group, cand).items():
+            module = name[: -len(".weight")]
+            skip.append(module)
+            reasons[module] = why
+    kept = [{"name": n, "shape": list(s), "reason": next(
+                (why for m, why in reasons.items() if n[: -len(".weight")] == m
+                 or n.startswith(m + ".")), _default_reason(n, s, quantize_embedding))}
+            for n, s in sorted(shapes.items())
+            if len(s) == 2 and n.endswith(".weight")
+            and not _should_quantize(n, s, quantize_embedding, skip)]
     started = time.time()
     out: dict[str, torch.Tensor] = {}
     report: list[dict[str, Any]] = []
@@ -159,6 +234,8 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
         "dequant_workspace_mb": _default_workspace_mb(),
         "modules_to_not_convert": skip,
     }
+    if vlm:
+        qcfg["quantize_vision"] = bool(quantize_vision)
     new_config = dict(config)
     new_config["quantization_config"] = qcfg
     if untied or tied:
@@ -176,6 +253,7 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
         "snr_db_min": min((r["snr_db"] for r in report), default=None),
         "snr_db_mean": round(sum(r["snr_db"] for r in report) / max(len(report), 1), 3),
         "quantization_config": qcfg,
+        "kept_bf16": kept,
         "tensors": report,
     }
     with atomic.directory(dst) as tmp:
@@ -197,6 +275,12 @@ def _default_workspace_mb() -> int:
     from vllm_edge.quant.ops import DEFAULT_WORKSPACE_MB
 
     return DEFAULT_WORKSPACE_MB
+
+
+def _default_reason(name: str, shape: tuple[int, ...], embedding: bool) -> str:
+    if "embed_tokens" in name and not embedding:
+        return "input embedding kept (quantize_embedding=false)"
+    return f"input size {shape[1]} is odd"
 
 
 def _default_threshold() -> int:

@@ -142,9 +142,15 @@ def model_for_engine(model: str, priority: str = "speed", dtype: str = "auto") -
 
     An embedded model gets the path chosen for this CPU, prepared and quantized on first
     use; a model directory runs as stored."""
-    from vllm_edge.models import default
+    from vllm_edge.models import default, vlm
     from vllm_edge.runtime import hw
 
+    if model == vlm.KEY:
+        wpath = for_run(hw.profile(), priority, dtype)
+        if wpath.scheme not in (None, "cpu_int4"):
+            wpath = WeightPath("cpu_int4", wpath.reasons + [
+                f"{vlm.KEY} has no {wpath.name} build; using cpu_int4"], fallback_from=wpath.name)
+        return default.ensure_model(model, wpath.scheme, wpath.group), wpath
     if model == "default" or model in default.MODELS:
         wpath = for_run(hw.profile(), priority, dtype)
         return default.ensure_model(model, wpath.scheme, wpath.group), wpath

@@ -261,3 +261,15 @@ def test_cli_bad_spec_and_dead_arm(fake_arm, tmp_path):
              "--lock-file", str(tmp_path / "l.lock"), "--allow-busy")
     assert r.returncode == grid.EXIT_ARM_FAILED
     assert "failed run" in r.stdout
+
+
+def test_on_record_sees_every_run_as_written(fake_arm, grid_kwargs):
+    seen = []
+
+    def on_record(rec):
+        # The record is already in results.jsonl when the callback runs.
+        seen.append((rec["arm"], rec["pass"], len(_records(grid_kwargs["out_dir"]))))
+
+    arms = [fake_arm("a", [{"ready_s": 1.0}]), fake_arm("b", ["fail"])]
+    grid.run_grid({"arms": arms}, passes=2, on_record=on_record, **grid_kwargs)
+    assert seen == [("a", 0, 1), ("b", 0, 2), ("b", 1, 3), ("a", 1, 4)]

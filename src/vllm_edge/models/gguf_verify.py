@@ -135,7 +135,8 @@ def hf_candidate(hf, inputs: Inputs, cfg: VerifyConfig, log: Callable[[str], Non
     return out
 
 
-def compare(ref: dict, cand: dict, inputs: Inputs, cfg: VerifyConfig, quantized: bool) -> dict:
+def compare(ref: dict, cand: dict, inputs: Inputs, cfg: VerifyConfig, quantized: bool,
+            kl_k: int = 20) -> dict:
     import torch
 
     from vllm_edge.harness.fidelity_metrics import greedy_divergence, teacher_forced_from_logits
@@ -154,7 +155,8 @@ def compare(ref: dict, cand: dict, inputs: Inputs, cfg: VerifyConfig, quantized:
                                             fid_prompts.scored_range(cfg.chunk_len).stop + 1])
                              for c in inputs.chunks])
         tf = teacher_forced_from_logits(torch.from_numpy(np.concatenate(ref["logits"])),
-                                        torch.from_numpy(np.concatenate(cand["logits"])), targets)
+                                        torch.from_numpy(np.concatenate(cand["logits"])), targets,
+                                        k=kl_k)
         report["teacher_forced"] = tf
     if quantized:
         report["criterion"] = f"teacher-forced top-1 agreement >= {cfg.top1_threshold:.0%}"

@@ -29,8 +29,16 @@ def test_tied_storage_counted_once_and_shown_as_tied():
     assert ["embed_tokens.weight", "lm_head.weight"] in names
 
 
+def _fresh_pages(n: int) -> torch.Tensor:
+    # A new anonymous mapping: never touched. torch.empty may hand back heap pages an earlier
+    # test already faulted in (glibc raises its mmap threshold after large frees).
+    import mmap
+
+    return torch.frombuffer(mmap.mmap(-1, n), dtype=torch.uint8)
+
+
 def test_mincore_tells_untouched_from_touched():
-    t = torch.empty(64 * 2**20, dtype=torch.uint8)  # large: its own mmap, pages not yet faulted
+    t = _fresh_pages(64 * 2**20)
     before = resident_bytes(t.data_ptr(), t.numel())
     t.fill_(1)
     after = resident_bytes(t.data_ptr(), t.numel())
@@ -39,7 +47,7 @@ def test_mincore_tells_untouched_from_touched():
 
 
 def test_kv_cache_allocated_vs_resident_and_unattributed():
-    kv = [torch.empty(32 * 2**20, dtype=torch.uint8), torch.empty(32 * 2**20, dtype=torch.uint8)]
+    kv = [_fresh_pages(32 * 2**20), _fresh_pages(32 * 2**20)]
     kv[0].fill_(0)
     led = ledger(Tiny(), kv)
     assert led["kv_cache"]["allocated_mb"] == 64.0

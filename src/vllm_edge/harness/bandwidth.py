@@ -167,11 +167,7 @@ def load_ceiling(path: str | os.PathLike, cores: list[int]) -> dict:
 
 
 def format_table(result: dict) -> str:
-    rows = [f"{'kernel':<20} {'best':>8} {'median':>8} {'min':>8} {'max':>8} {'spread':>8}  n  flags"]
-    for k, s in result["metrics"].items():
-        sp = "-" if s["spread_pct"] is None else f"{s['spread_pct']:.1f}%"
-        rows.append(f"{k:<20} {s['best']:>8.2f} {s['median']:>8.2f} {s['min']:>8.2f} {s['max']:>8.2f} "
-                    f"{sp:>8}  {s['n']}  {' | '.join(s['flags'])}")
+    rows = stats.summary_rows(result["metrics"], "kernel", 20, 8)
     llc = result["llc_bytes"]
     rows.append(f"buffer {result['buffer_bytes'] / 2**20:.0f} MiB"
                 + (f" = {result['buffer_over_llc']}x LLC ({llc / 2**20:.0f} MiB)" if llc else " (LLC unknown)")

@@ -556,11 +556,7 @@ def metric_line(result: dict) -> dict:
 
 
 def format_table(result: dict) -> str:
-    rows = [f"{'metric':<24} {'best':>10} {'median':>10} {'min':>10} {'max':>10} {'spread':>8}  n  flags"]
-    for k, s in result["metrics"].items():
-        sp = "-" if s["spread_pct"] is None else f"{s['spread_pct']:.1f}%"
-        rows.append(f"{k:<24} {s['best']:>10.2f} {s['median']:>10.2f} {s['min']:>10.2f} "
-                    f"{s['max']:>10.2f} {sp:>8}  {s['n']}  {' | '.join(s['flags'])}")
+    rows = stats.summary_rows(result["metrics"], "metric", 24, 10)
     rows.append(f"load {result['load_s']:.1f} s | memory " + ", ".join(
         f"{k}={v:.0f}" for k, v in result["memory_phases"].items()))
     bw = result.get("bandwidth") or {}

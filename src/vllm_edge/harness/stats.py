@@ -126,3 +126,15 @@ def rank(summaries: dict[str, dict], metric: str) -> dict:
         if ref:
             out["leader_vs_second"] = round(first["median"] / ref, 4)
     return out
+
+
+def summary_rows(metrics: dict[str, dict], label: str, key_w: int, num_w: int) -> list[str]:
+    """Text table of summaries (best, median, min, max, spread, n, flags), header first."""
+    rows = [f"{label:<{key_w}} {'best':>{num_w}} {'median':>{num_w}} {'min':>{num_w}} "
+            f"{'max':>{num_w}} {'spread':>8}  n  flags"]
+    for k, s in metrics.items():
+        sp = "-" if s["spread_pct"] is None else f"{s['spread_pct']:.1f}%"
+        rows.append(f"{k:<{key_w}} {s['best']:>{num_w}.2f} {s['median']:>{num_w}.2f} "
+                    f"{s['min']:>{num_w}.2f} {s['max']:>{num_w}.2f} {sp:>8}  {s['n']}  "
+                    f"{' | '.join(s['flags'])}")
+    return rows

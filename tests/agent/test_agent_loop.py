@@ -8,7 +8,7 @@ import pytest
 
 from vllm_edge.agent.calls import extract_calls, parse_json_lenient
 from vllm_edge.agent.device import SimDevice
-from vllm_edge.agent.loop import run_agent
+from vllm_edge.agent.loop import ContextOverflow, run_agent
 from vllm_edge.agent.suite import run_one
 from vllm_edge.agent.tasks import TASKS
 from vllm_edge.agent.tools import TOOL_NAMES, TOOLS
@@ -193,3 +193,36 @@ def test_message_protocol_and_history_window():
     assert last[-2]["content"] == "Swiped up. The screen did not change."
     assert last[-1]["tool_call_id"] == "b" and last[-1]["content"].startswith("Ignored: only one action per turn.")
     assert trace.steps[7].tool == "swipe" and trace.steps[7].recoveries == ["bad_json"]
+
+
+class Windowed:
+    """A chat with a context window in characters: longer requests are refused like vLLM's 400."""
+
+    def __init__(self, replies, window):
+        self.replies, self.window, self.answered, self.refused = list(replies), window, [], 0
+
+    def __call__(self, messages, tools):
+        size = sum(len(m.get("content") or "") for m in messages)
+        if size > self.window:
+            self.refused += 1
+            raise ContextOverflow(f"maximum context length exceeded: {size} > {self.window}")
+        self.answered.append(size)
+        return self.replies.pop(0)
+
+
+def test_context_overflow_drops_old_turns_and_clips_rambling():
+    ramble = {"role": "assistant", "content": "I think " * 400}  # 3200 chars, no tool call
+    screen = len(run_agent.__globals__["uitree"].parse(SimDevice().dump_ui()).text())
+    chat = Windowed([ramble] * 4 + [raw_call("task_complete", '{"summary": "done"}')], window=screen + 2500)
+    trace = run_agent(SimDevice(), "the goal", chat, max_steps=10, keep_steps=6)
+    assert trace.declared_done and len(trace.steps) == 5
+    assert chat.refused > 0 and all(s <= chat.window for s in chat.answered)
+    trimmed = sum(s.recoveries.count("context_trimmed") for s in trace.steps)
+    assert trimmed == chat.refused  # each refusal cost one dropped turn, and was counted
+    assert trace.recovery_kinds["no_tool_call"] == 4
+
+
+def test_context_overflow_with_nothing_left_to_drop_is_a_chat_error():
+    chat = Windowed([raw_call("task_complete", "{}")], window=10)
+    o = run_one(TASKS["wifi_on"], "base", chat)
+    assert o.stop_reason == "chat error" and not o.success and "ContextOverflow" in o.error

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_edge.agent.loop import ChatFn
+from vllm_edge.agent.loop import ChatFn, ContextOverflow
+
+# vLLM's 400 for a prompt (or prompt + max_tokens) longer than max_model_len.
+_OVERFLOW_MARK = "maximum context length"
 
 
 def openai_chat(
@@ -21,7 +24,7 @@ def openai_chat(
     The server must accept tools (vLLM: ``--enable-auto-tool-choice --tool-call-parser ...``).
     A model that writes calls as text instead is still usable: the loop recovers those.
     """
-    from openai import OpenAI
+    from openai import BadRequestError, OpenAI
 
     client = OpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=1)
 
@@ -29,10 +32,15 @@ def openai_chat(
         kwargs: dict[str, Any] = {}
         if seed is not None:
             kwargs["seed"] = seed
-        resp = client.chat.completions.create(
-            model=model, messages=messages, tools=tools, tool_choice="auto",
-            temperature=temperature, max_tokens=max_tokens, **kwargs,
-        )
+        try:
+            resp = client.chat.completions.create(
+                model=model, messages=messages, tools=tools, tool_choice="auto",
+                temperature=temperature, max_tokens=max_tokens, **kwargs,
+            )
+        except BadRequestError as exc:
+            if _OVERFLOW_MARK in str(exc):
+                raise ContextOverflow(str(exc)) from exc
+            raise
         msg = resp.choices[0].message
         out: dict[str, Any] = {"role": "assistant", "content": msg.content}
         if msg.tool_calls:

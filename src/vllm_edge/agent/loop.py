@@ -18,6 +18,17 @@ from vllm_edge.agent.tools import TOOLS, Device, ToolError, execute, validate
 
 ChatFn = Callable[[list[dict], list[dict]], dict]
 
+# A reply without a tool call goes back into the history clipped to this: a small model's
+# rambling would otherwise fill the context window within a few turns.
+MAX_STORED_TEXT = 600
+
+
+class ContextOverflow(Exception):
+    """The request (history + screen + reply budget) does not fit the model's context.
+
+    Chat functions raise it so the loop can drop old turns and ask again.
+    """
+
 SYSTEM_PROMPT = """You operate an Android phone to complete a task for the user.
 Each turn you see the current screen as a numbered list of elements: [index] type "label", then
 details and states such as [on], [off], [selected], [focused].
@@ -81,6 +92,8 @@ def _assistant_record(reply: dict, calls: list[Call]) -> dict:
     chat template, and a malformed string there would fail every later request.
     """
     msg: dict[str, Any] = {"role": "assistant", "content": reply.get("content") or None}
+    if not calls and msg["content"] and len(msg["content"]) > MAX_STORED_TEXT:
+        msg["content"] = msg["content"][:MAX_STORED_TEXT] + " [...]"
     if calls and calls[0].source == "tool_calls":
         msg["tool_calls"] = [{
             "id": c.id, "type": "function",
@@ -101,6 +114,14 @@ class _History:
 
     def add(self, assistant: dict, feedback: list[dict]) -> None:
         self.turns.append([assistant, *feedback])
+
+    def shrink(self) -> bool:
+        """Keep one turn fewer from now on; False when no turn is left to drop."""
+        shown = min(self.keep, len(self.turns))
+        if shown == 0:
+            return False
+        self.keep = shown - 1
+        return True
 
     def messages(self, screen: str) -> list[dict]:
         kept = self.turns[-self.keep:] if self.keep > 0 else []
@@ -155,7 +176,14 @@ def run_agent(
         step = Step(n)
         trace.steps.append(step)
         try:
-            reply = chat(history.messages(tree.text()), TOOLS)
+            while True:
+                try:
+                    reply = chat(history.messages(tree.text()), TOOLS)
+                    break
+                except ContextOverflow:
+                    if not history.shrink():
+                        raise
+                    step.recoveries.append("context_trimmed")
         except Exception as exc:
             trace.stop_reason, trace.error = "chat error", f"{type(exc).__name__}: {exc}"
             step.error = trace.error

@@ -293,3 +293,30 @@ def test_short_soak(server, tmp_path):
     assert result["health_after"] == 200
     assert len(result["rss_anon_samples"]) >= 30  # memory numbers are reported, not asserted
     _alive(server)
+
+
+# --- the agent suite against this server ----------------------------------------------
+
+def test_agent_client_maps_the_context_400_to_overflow(server):
+    from vllm_edge.agent.client import openai_chat
+    from vllm_edge.agent.loop import ContextOverflow
+    from vllm_edge.agent.tools import TOOLS
+    from vllm_edge.harness.prompts import long_document
+
+    chat = openai_chat(server["url"] + "/v1", "default", max_tokens=8)
+    with pytest.raises(ContextOverflow, match="maximum context length"):
+        chat([{"role": "user", "content": long_document(("datamodel",), min_words=2048 + 64)}], TOOLS)
+    _alive(server)
+
+
+def test_agent_run_records_the_served_build(server, tmp_path):
+    out = tmp_path / "agent.json"
+    r = run_cli("agent", "run", "--base-url", server["url"] + "/v1", "--model", "default",
+                "--tasks", "wifi_on", "--variants", "base", "--max-steps", "1", "--max-tokens", "16",
+                "--out", str(out), timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert data["summary"]["runs"] == 1 and len(data["runs"][0]["actions"]) <= 1
+    served = data["provenance"]["server_model"]
+    assert served["root"].endswith("smollm2-135m-cpu_int4-g64") and served["max_model_len"] == 2048
+    assert "fewer than 3 runs" in r.stdout + r.stderr

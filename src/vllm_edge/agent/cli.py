@@ -26,9 +26,26 @@ def _cmd_agent_run(args: argparse.Namespace) -> int:
                             max_tokens=args.max_tokens, seed=args.seed)
     if args.out:
         suite.write_report(args.out, report, extra_provenance={"served_model": args.model,
-                                                               "base_url": args.base_url})
+                                                               "base_url": args.base_url,
+                                                               "server_model": _served(args)})
         print(f"wrote {args.out}")
     return 1 if report["summary"]["errors"] else 0
+
+
+def _served(args: argparse.Namespace) -> dict | None:
+    """What the server says it runs under that name (vLLM: the weights directory as `root`), so
+    a result names its build even when every build is served as 'default'."""
+    from openai import OpenAI
+
+    try:
+        models = OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=10).models.list()
+    except Exception as exc:  # the runs are already done; a missing listing only costs provenance
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    for m in models.data:
+        if m.id == args.model:
+            extra = m.model_extra or {}
+            return {"id": m.id, "root": extra.get("root"), "max_model_len": extra.get("max_model_len")}
+    return None
 
 
 def _cmd_agent_list(args: argparse.Namespace) -> int:

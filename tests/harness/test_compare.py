@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from vllm_edge.harness import compare, grid, speed, stats
-from vllm_edge.harness.llamacpp_arm import BATCH_UNSUPPORTED
+
+# What llama.cpp arms printed before they decoded batches (old artifacts must still render).
+OLD_BATCH_NOTE = "unsupported in llama-cpp-python's API"
 
 PATHS = {"vllm-bf16": Path("/m/bf16"), "vllm-cpu_int4": Path("/m/int4"),
          "llamacpp-BF16": Path("/g/m.bf16.gguf"), "llamacpp-Q4_K_M": Path("/g/m.bf16.Q4_K_M.gguf"),
@@ -87,29 +89,30 @@ def test_pair_verdict_follows_direction_and_noise():
     assert compare.pair_verdict("b8_tg_tps", _s([50], "b8_tg_tps"), _s([], "b8_tg_tps"))["ratio"] is None
 
 
-def _speed_line(tg, pp, load, peak, batch=None, llama=False):
+def _speed_line(tg, pp, load, peak, batch=None, llama=False, old=False):
     line = {"benchmark": "speed", "tg128_tps": tg, "pp512_tps": pp, "load_s": load, "peak_rss_anon_mb": peak}
     if llama:
-        line.update(engine="llama.cpp", batch=BATCH_UNSUPPORTED)
+        line["engine"] = "llama.cpp"
+    if old:  # an old llama.cpp arm: no batch number, the reason instead
+        line["batch"] = OLD_BATCH_NOTE
     else:
         line["b8_tg_tps"] = batch
     return line
 
 
-@pytest.fixture
-def compare_out(fake_arm, grid_kwargs, tmp_path):
+def _write_compare_out(fake_arm, grid_kwargs, tmp_path, old_llama: bool = False) -> Path:
     """A compare output directory written by the real grid from fake arms."""
     out = tmp_path / "results" / "compare"
+    ll = lambda *a: _speed_line(*a, llama=True, old=old_llama)  # noqa: E731
     v = {"vllm-bf16": [_speed_line(40, 800, 17, 1100, 150), _speed_line(42, 820, 16, 1120, 155),
                        _speed_line(41, 810, 16.5, 1110, 152)],
          "vllm-cpu_int4": [_speed_line(70, 700, 18, 840, 200), _speed_line(75, 690, 17, 845, 210),
                            _speed_line(72, 710, 17.5, 850, 205)],
-         "llamacpp-BF16": [_speed_line(80, 700, 0.2, 400, llama=True)] * 3,
-         "llamacpp-Q4_K_M": [_speed_line(110, 480, 0.2, 300, llama=True), _speed_line(112, 490, 0.2, 302, llama=True),
-                             _speed_line(108, 485, 0.2, 301, llama=True)],
-         "llamacpp-Q4_0": [_speed_line(71, 650, 0.2, 280, llama=True), _speed_line(80, 700, 0.2, 280, llama=True),
-                           _speed_line(74, 660, 0.2, 280, llama=True)],
-         "llamacpp-Q8_0": [_speed_line(100, 460, 0.2, 330, llama=True)] * 3}
+         "llamacpp-BF16": [ll(80, 700, 0.2, 400, 300), ll(80, 700, 0.2, 400, 310), ll(80, 700, 0.2, 400, 305)],
+         "llamacpp-Q4_K_M": [ll(110, 480, 0.2, 300, 190), ll(112, 490, 0.2, 302, 195),
+                             ll(108, 485, 0.2, 301, 192)],
+         "llamacpp-Q4_0": [ll(71, 650, 0.2, 280, 250), ll(80, 700, 0.2, 280, 260), ll(74, 660, 0.2, 280, 255)],
+         "llamacpp-Q8_0": [ll(100, 460, 0.2, 330, 280)] * 3}
     spec = {"name": "compare-speed", "metrics": compare.speed_metrics(),
             "arms": [fake_arm(n, vals) for n, vals in v.items()]}
     grid.run_grid(spec, 3, out / "speed", **{k: v for k, v in grid_kwargs.items() if k != "out_dir"})
@@ -130,6 +133,11 @@ def compare_out(fake_arm, grid_kwargs, tmp_path):
     return out
 
 
+@pytest.fixture
+def compare_out(fake_arm, grid_kwargs, tmp_path):
+    return _write_compare_out(fake_arm, grid_kwargs, tmp_path)
+
+
 def test_doc_has_a_table_per_metric_ratios_flags_and_linked_sources(compare_out, tmp_path):
     doc = tmp_path / "docs" / "comparisons.md"
     res = compare.write_doc(compare_out, doc)
@@ -145,8 +153,11 @@ def test_doc_has_a_table_per_metric_ratios_flags_and_linked_sources(compare_out,
     assert "vs Q4_0: 0.97× (NOT A RANKING)" in text
     # Memory: lower is better, vLLM's larger peak loses.
     assert "2.81× (llama.cpp ahead)" in text
-    # Batch: llama.cpp's arm says why it has no number.
-    assert f"not measured: {BATCH_UNSUPPORTED}" in text
+    # Batch: a real llama.cpp number and ratio. bf16 152 vs BF16 305, ranges apart; cpu_int4 205 vs
+    # Q4_K_M 192 (190-195 against 200-210): vLLM ahead.
+    assert "| vllm-bf16 / llamacpp-BF16 | b8_tg_tps | 152 | 305 | 0.50× (llama.cpp ahead) |" in text
+    assert "| vllm-cpu_int4 / llamacpp-Q4_K_M | b8_tg_tps | 205 | 192 | 1.07× (vLLM ahead) |" in text
+    assert "not measured" not in text and OLD_BATCH_NOTE not in text
     # Grid flags carried over: Q4_0's decode spread is 12%.
     assert "NOISY" in text
     # Fidelity, each against its own bf16, with the KL ratio and the exact string from the artifact.
@@ -160,6 +171,19 @@ def test_doc_has_a_table_per_metric_ratios_flags_and_linked_sources(compare_out,
     for p in res["plots"]:
         assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Source:" in text.split("compare_speed.png")[1][:400]
+
+
+def test_old_artifacts_without_llamacpp_batch_still_render(fake_arm, grid_kwargs, tmp_path):
+    out = _write_compare_out(fake_arm, grid_kwargs, tmp_path, old_llama=True)
+    doc = tmp_path / "old.md"
+    proc = subprocess.run([sys.executable, "-m", "vllm_edge.cli", "compare", "--render-only",
+                           "--out", str(out), "--doc", str(doc)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = doc.read_text()
+    # The old arms' reason stands in place of the ratio, in the headline and the batch table.
+    assert f"| vllm-bf16 / llamacpp-BF16 | b8_tg_tps | 152 | – | llama.cpp arm: {OLD_BATCH_NOTE} |" in text
+    assert f"not measured: {OLD_BATCH_NOTE}" in text
+    assert "0.65× (llama.cpp ahead)" in text  # the other metrics are unaffected
 
 
 def test_regeneration_keeps_hand_written_text(compare_out, tmp_path):

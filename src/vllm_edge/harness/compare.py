@@ -236,6 +236,8 @@ def _metric_title(m: str) -> str:
 
 
 def _batch_note(records: list[dict]) -> str | None:
+    """Why a llama.cpp arm has no batch number: artifacts from before the arm decoded
+    batches carry the reason as a string ``batch`` field, shown in place of a ratio."""
     for r in records:
         note = (r.get("output") or {}).get("batch")
         if isinstance(note, str):

@@ -10,8 +10,12 @@ Every call starts from an empty KV cache, so no prefix is reused. The last
 stdout line is one JSON object with `bench speed`'s key names, so the command
 works as a `vllm-edge grid` arm.
 
-Batch throughput: llama-cpp-python's high-level API decodes one sequence at a
-time, so ``--batch`` is reported as unsupported instead of being emulated.
+Batch throughput (``--batch B``): the B distinct prompts run as B sequences of
+one llama.cpp context (:meth:`LlamaCppRunner.greedy_batch`: one ``llama_decode``
+per step with one token per sequence), through the same tg difference as vLLM's
+``b{B}_tg_tps``. That context (``n_seq_max`` = the largest B, ``n_ctx`` = B times
+the single-sequence context, as vLLM prices its KV cache for max_num_seqs) is made
+at load, beside the high-level object's; its KV cache counts in the memory phases.
 
 Memory: llama.cpp mmaps the GGUF by default; those weight pages are file-backed
 and not in RssAnon. ``rss_file_mb`` is reported beside it, and ``--no-mmap``
@@ -31,9 +35,6 @@ from typing import Callable
 
 from vllm_edge.harness import speed
 
-BATCH_UNSUPPORTED = "unsupported in llama-cpp-python's API"
-
-
 def rss_file_mb(pid: int | None = None) -> float:
     with open(f"/proc/{pid or os.getpid()}/status") as f:
         for line in f:
@@ -52,15 +53,19 @@ def gguf_context_length(path: Path) -> int | None:
 
 
 def llamacpp_generate(runner) -> speed.Generate:
-    """Time one greedy run of ``max_tokens`` tokens, EOS ignored, from an empty cache."""
+    """Time one greedy run of ``max_tokens`` tokens per prompt, EOS ignored, from an
+    empty cache; several prompts decode together as one batch."""
     def generate(prompts: list[list[int]], max_tokens: int) -> float:
-        if len(prompts) != 1:
-            raise speed.SpeedArgError(f"batch of {len(prompts)}: {BATCH_UNSUPPORTED}")
         t0 = time.perf_counter()
-        out = runner.greedy(prompts[0], max_tokens, eos=None)
+        if len(prompts) == 1:
+            outs = [runner.greedy(prompts[0], max_tokens, eos=None)]
+        else:
+            outs = runner.greedy_batch(prompts, max_tokens)
         dt = time.perf_counter() - t0
-        if len(out) != max_tokens:
-            raise RuntimeError(f"asked for {max_tokens} tokens, got {len(out)}")
+        short = [len(o) for o in outs if len(o) != max_tokens]
+        if short or len(outs) != len(prompts):
+            raise RuntimeError(f"asked for {max_tokens} tokens x {len(prompts)} sequences, "
+                               f"got {[len(o) for o in outs]}")
         return dt
 
     return generate
@@ -82,6 +87,7 @@ def run(gguf: str | os.PathLike, cfg: speed.SpeedConfig, *, pinning: dict | None
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such GGUF file")
     n_ctx = speed.validate(cfg, gguf_context_length(path))
+    max_seqs = max((1, *cfg.batches))
     types = llamacpp_runner.quantization_types(path)
     threads = (pinning or {}).get("threads") or cfg.threads or len(os.sched_getaffinity(0))
 
@@ -91,7 +97,12 @@ def run(gguf: str | os.PathLike, cfg: speed.SpeedConfig, *, pinning: dict | None
         import llama_cpp
 
         import_s = time.perf_counter() - t0
-        runner = llamacpp_runner.LlamaCppRunner(path, n_ctx=n_ctx, threads=threads, use_mmap=use_mmap)
+        limit = llamacpp_runner.max_parallel_sequences()
+        if max_seqs > limit:
+            raise speed.SpeedArgError(f"--batch {max_seqs}: llama.cpp decodes at most {limit} "
+                                      "sequences in one context (llama_max_parallel_sequences)")
+        runner = llamacpp_runner.LlamaCppRunner(path, n_ctx=n_ctx, threads=threads, use_mmap=use_mmap,
+                                                max_seqs=max_seqs)
         load_s = time.perf_counter() - t0
     memory["load_peak_rss_anon_mb"] = round(load_mem.peak_mb, 1)
     memory["after_load_rss_anon_mb"] = round(tree_rss_anon_mb()[0], 1)
@@ -99,9 +110,9 @@ def run(gguf: str | os.PathLike, cfg: speed.SpeedConfig, *, pinning: dict | None
     log(f"[llama.cpp] loaded in {load_s:.2f} s (import {import_s:.2f} s); {build_label(path, types, use_mmap)}")
 
     source = speed.TokenSource(runner.llm.tokenize(prompts.corpus_text().encode(), add_bos=False))
-    measured_cfg = speed.SpeedConfig(**{**asdict(cfg), "batches": ()})
+    batch_context = runner.batch.describe() if runner.batch else None
     with TreeSampler(interval=0.5) as bench_mem:
-        measured = speed.measure(llamacpp_generate(runner), measured_cfg, source,
+        measured = speed.measure(llamacpp_generate(runner), cfg, source,
                                  log=lambda s: log(f"[llama.cpp] {s}"))
     memory["bench_peak_rss_anon_mb"] = round(bench_mem.peak_mb, 1)
     runner.close()
@@ -116,7 +127,7 @@ def run(gguf: str | os.PathLike, cfg: speed.SpeedConfig, *, pinning: dict | None
                    "use_mmap": use_mmap, "n_threads": threads},
         "metrics": speed.summarize(measured["runs"]),
         "runs": measured["runs"],
-        "batch": BATCH_UNSUPPORTED,
+        "batch_context": batch_context,
         "load_s": round(load_s, 3),
         "import_llama_cpp_s": round(import_s, 3),
         "memory_phases": memory,
@@ -135,7 +146,7 @@ def run(gguf: str | os.PathLike, cfg: speed.SpeedConfig, *, pinning: dict | None
 
 def metric_line(result: dict) -> dict:
     line = speed.metric_line(result)
-    line.update({"engine": "llama.cpp", "batch": result["batch"], "rss_file_mb": result["rss_file_mb"],
+    line.update({"engine": "llama.cpp", "rss_file_mb": result["rss_file_mb"],
                  "use_mmap": result["config"]["use_mmap"]})
     if "out" in line:  # keep "out" last, as bench speed does
         line["out"] = line.pop("out")
@@ -150,7 +161,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tg-tokens", type=int, default=128)
     p.add_argument("--context-len", default=None, metavar="N[,N...]", help="also tg at depth N")
     p.add_argument("--batch", default=None, metavar="B[,B...]",
-                   help=f"accepted for grid symmetry; reported as {BATCH_UNSUPPORTED!r}")
+                   help="also b{B}_tg_tps: B distinct prompts decoded together")
     p.add_argument("--threads", type=int, default=None, help="first N cores of the core set")
     p.add_argument("--cpus", default=None, metavar="0,1")
     p.add_argument("--reps", type=int, default=3)

@@ -3,6 +3,12 @@
 Prompts are token ids, never text, so llama.cpp and the engine it is compared
 with read exactly the same sequence whatever their tokenizers do. Every call
 starts from an empty context (``reset``), so nothing is reused between calls.
+
+Several sequences at once (``greedy_batch``) go through llama.cpp's C API, as
+its ``llama-batched`` example does: the high-level ``Llama`` object decodes one
+sequence, so a second context on the same loaded model holds ``max_seqs``
+sequences, and each ``llama_decode`` call takes one token of every sequence,
+each under its own sequence id.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ def available() -> bool:
 
 class LlamaCppRunner:
     def __init__(self, gguf: str | os.PathLike, *, n_ctx: int, threads: int | None = None,
-                 all_logits: bool = False, use_mmap: bool = True):
+                 all_logits: bool = False, use_mmap: bool = True, max_seqs: int = 1):
         from llama_cpp import Llama
 
         self.path = Path(gguf)
@@ -37,8 +43,18 @@ class LlamaCppRunner:
         self.n_vocab = self.llm.n_vocab()
         self.n_ctx = n_ctx
         self.all_logits = all_logits
+        self.batch: BatchDecoder | None = None
+        if max_seqs > 1:
+            try:
+                self.batch = BatchDecoder(self.llm, max_seqs, n_ctx)
+            except BaseException:
+                self.llm.close()
+                raise
 
     def close(self) -> None:
+        if self.batch is not None:
+            self.batch.close()
+            self.batch = None
         self.llm.close()
 
     def _check_len(self, n: int) -> None:
@@ -64,6 +80,12 @@ class LlamaCppRunner:
                 return out
             self.llm.eval([tok])
 
+    def greedy_batch(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:
+        """Argmax decoding of several prompts together, ``max_tokens`` each (no EOS stop)."""
+        if self.batch is None:
+            raise RuntimeError("construct the runner with max_seqs > 1 to decode several sequences")
+        return self.batch.greedy(prompts, max_tokens)
+
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """[len(ids), vocab] logits, one row per input position (float32 copy)."""
         if not self.all_logits:
@@ -76,6 +98,119 @@ class LlamaCppRunner:
     def tokenize(self, text: str) -> list[int]:
         """llama.cpp's own tokenizer, special tokens parsed, no BOS added."""
         return self.llm.tokenize(text.encode(), add_bos=False, special=True)
+
+
+def max_parallel_sequences() -> int:
+    """llama.cpp's compile-time limit on sequence ids in one context."""
+    import llama_cpp
+
+    return int(llama_cpp.llama_max_parallel_sequences())
+
+
+class BatchDecoder:
+    """``max_seqs`` sequences of up to ``seq_ctx`` positions each, decoded together.
+
+    The context copies the ``Llama`` object's parameters (threads, attention and KV
+    types), so one sequence here runs as it does there; it differs in ``n_seq_max``
+    and in a non-unified KV cache: each sequence gets its own ``seq_ctx`` cells and
+    attends only to them, which suits distinct prompts with no shared prefix.
+    """
+
+    def __init__(self, llm, max_seqs: int, seq_ctx: int):
+        import llama_cpp
+
+        limit = max_parallel_sequences()
+        if not 1 <= max_seqs <= limit:
+            raise ValueError(f"{max_seqs} sequences at once: llama.cpp takes 1 to {limit} "
+                             "(llama_max_parallel_sequences)")
+        params = llama_cpp.llama_context_params.from_buffer_copy(llm.context_params)
+        params.n_seq_max = max_seqs
+        params.n_ctx = max_seqs * seq_ctx
+        # one decode step carries one token per sequence; prefill chunks are cut to n_batch
+        params.n_batch = max(int(params.n_batch), max_seqs)
+        params.n_ubatch = max(int(params.n_ubatch), max_seqs)
+        params.kv_unified = False
+        ctx = llama_cpp.llama_init_from_model(llm.model, params)
+        if not ctx:
+            raise RuntimeError(f"llama.cpp could not create a context for {max_seqs} sequences "
+                               f"of {seq_ctx} positions")
+        self.ctx = ctx
+        self.n_vocab = llm.n_vocab()
+        self.max_seqs = max_seqs
+        self.n_batch = int(llama_cpp.llama_n_batch(ctx))
+        self.seq_ctx = int(llama_cpp.llama_n_ctx_seq(ctx))
+        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+
+    def describe(self) -> dict:
+        return {"n_seq_max": self.max_seqs, "n_ctx": self.n_ctx, "n_ctx_seq": self.seq_ctx,
+                "n_batch": self.n_batch, "kv_unified": False}
+
+    def close(self) -> None:
+        import llama_cpp
+
+        if self.ctx is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+
+    def _decode(self, entries: list[tuple[int, int, int, bool]]) -> None:
+        """One llama_decode of (token, position, sequence id, wants logits) entries."""
+        import llama_cpp
+
+        b = self._batch
+        b.n_tokens = len(entries)
+        for i, (tok, pos, seq, out) in enumerate(entries):
+            b.token[i] = tok
+            b.pos[i] = pos
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = out
+        rc = llama_cpp.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with {rc} on a batch of {len(entries)} tokens")
+
+    def _row(self, i: int) -> np.ndarray:
+        import llama_cpp
+
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, i), shape=(self.n_vocab,))
+
+    def greedy(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:
+        import llama_cpp
+
+        n = len(prompts)
+        if not 1 <= n <= self.max_seqs:
+            raise ValueError(f"{n} sequences: this context holds 1 to {self.max_seqs}")
+        if max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        for s, p in enumerate(prompts):
+            if not p:
+                raise ValueError(f"prompt {s} is empty")
+            if len(p) + max_tokens > self.seq_ctx:
+                raise ValueError(f"prompt {s}: {len(p)} + {max_tokens} positions do not fit "
+                                 f"n_ctx_seq={self.seq_ctx}")
+        # metadata only, as Llama.reset does: stale cells are never attended
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.ctx), False)
+
+        # Prefill every prompt, cut into n_batch-token llama_decode calls; the logits of
+        # each prompt's last token give its first generated token.
+        entries = [(int(t), pos, s, pos == len(p) - 1) for s, p in enumerate(prompts)
+                   for pos, t in enumerate(p)]
+        out: list[list[int]] = [[] for _ in range(n)]
+        for i in range(0, len(entries), self.n_batch):
+            chunk = entries[i:i + self.n_batch]
+            self._decode(chunk)
+            for j, (_, _, s, last) in enumerate(chunk):
+                if last:
+                    out[s].append(int(np.argmax(self._row(j))))
+
+        # Decode: one token per sequence per llama_decode, rows in sequence order.
+        for step in range(1, max_tokens):
+            self._decode([(out[s][-1], len(prompts[s]) + step - 1, s, True) for s in range(n)])
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self.ctx), shape=(n, self.n_vocab))
+            for s, tok in enumerate(np.argmax(logits, axis=1)):
+                out[s].append(int(tok))
+        return out
 
 
 @contextmanager

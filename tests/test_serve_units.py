@@ -158,3 +158,29 @@ def test_sse_lines_split_on_newlines_only():
     data = [line[6:] for line in asyncio.run(collect()) if line.startswith("data: ")]
     assert data == [chunk, "[DONE]"]
     assert json.loads(data[0])["choices"][0]["delta"]["content"] == "a\u2028b\x85c"
+
+
+def test_plan_for_the_vlm_gates_images(monkeypatch):
+    """An image model gets vLLM's image limit and the image gate, from the environment."""
+    from vllm_edge.models import vlm
+
+    if not vlm.ready("cpu_int4", 64, False):
+        pytest.skip("the VLM's cpu_int4 build is not cached (vllm-edge models build-vlm --quant cpu_int4)")
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    monkeypatch.setenv("VLLM_EDGE_MAX_IMAGES", "3")
+    p = serve.plan("smolvlm-135m", dtype="auto")
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(p.argv)
+    assert args.middleware == [serve.IMAGE_GATE]
+    assert args.limit_mm_per_prompt == {"image": 3}
+    assert p.describe["image_limits"]["max_images"] == 3
+    assert any(line.startswith("image gate: ") for line in p.lines)
+    monkeypatch.setenv("VLLM_EDGE_MAX_IMAGES", "-1")
+    with pytest.raises(ValueError, match="VLLM_EDGE_MAX_IMAGES=-1"):
+        serve.plan("smolvlm-135m")
+
+
+def test_plan_for_a_text_model_has_no_gate(default_model_dir):
+    argv = serve.plan("default").argv
+    assert "--middleware" not in argv and "--limit-mm-per-prompt" not in argv

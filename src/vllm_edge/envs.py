@@ -131,13 +131,15 @@ _declare(
 )
 _declare(
     "VLLM_EDGE_MAX_IMAGE_PIXELS", "int", 4096 * 4096,
-    "Largest image input in pixels (width x height, read from the header before decoding).",
+    "Largest image input in pixels (width x height, read from the header before decoding), "
+    "for `run --image` and the image gate of `serve`.",
     "A 16-megapixel RGB image decodes to 48 MiB; this bounds the decode on a small device "
     "and stops decompression bombs well below PIL's own 89 M-pixel warning.",
 )
 _declare(
     "VLLM_EDGE_MAX_IMAGES", "int", 4,
-    "Images allowed in one prompt; also vLLM's `limit_mm_per_prompt` for image models.",
+    "Images allowed in one prompt (`run --image`, the image gate of `serve`); also vLLM's "
+    "`limit_mm_per_prompt` for image models, whose own default is 999.",
     "With the default VLM build one image is 67 prompt tokens, so 4 leave most of a "
     "2048-token context for text; vLLM also sizes its encoder-cache profile from this limit.",
 )

@@ -10,7 +10,9 @@ the engine has loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import json
 import socket
 import sys
 from dataclasses import dataclass, field
@@ -22,6 +24,8 @@ DATA = Path(__file__).resolve().parent / "data"
 TOOL_TEMPLATES = {"smollm2-135m": DATA / "smollm2_tools.jinja"}
 # A chat template that writes calls between these markers is parsed by vLLM's `hermes`.
 HERMES_MARKER = "<tool_call>"
+# Checks every image of a chat request before vLLM sees it (docs/multimodal.md).
+IMAGE_GATE = "vllm_edge.runtime.image_gate.ImageGate"
 # vLLM's default ("auto") pins argument schemas only for tools marked strict.
 TOOL_STRICT_LEVEL = "parameter"
 TOOL_STRICT_WHY = ("once the model opens a call, its arguments are held to the tool's JSON "
@@ -107,8 +111,6 @@ def choose_tools(key: str | None, model_path: Path, parser: str | None,
 
 
 def _own_template(model_path: Path) -> str | None:
-    import json
-
     jinja = model_path / "chat_template.jinja"
     if jinja.exists():
         return jinja.read_text()
@@ -137,7 +139,7 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
          tool_call_parser: str | None = None, chat_template: str | None = None,
          served_model_name: list[str] | None = None, extra: list[str] | None = None) -> ServePlan:
     from vllm_edge.models import default
-    from vllm_edge.runtime import weight_path
+    from vllm_edge.runtime import images, weight_path
     from vllm_edge.runtime.engine import edge_engine
 
     path, wpath = weight_path.model_for_engine(model, priority, dtype)
@@ -154,11 +156,23 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
     if parser:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", parser,
                  "--tool-strict-level", TOOL_STRICT_LEVEL]
+    image_lines, limits = [], None
+    if images.model_accepts_images(path):
+        limits = images.ImageLimits.from_env()  # a bad VLLM_EDGE_MAX_IMAGE* fails here, not at start
+        argv += ["--limit-mm-per-prompt", json.dumps({"image": limits.max_images}),
+                 "--middleware", IMAGE_GATE]
+        image_lines = [
+            f"limit_mm_per_prompt={{image: {limits.max_images}}} (VLLM_EDGE_MAX_IMAGES)",
+            f"image gate: {IMAGE_GATE} answers a corrupt, truncated, unsupported "
+            f"(not {'/'.join(limits.formats)}), oversized (over {limits.max_bytes} bytes, "
+            "VLLM_EDGE_MAX_IMAGE_BYTES, or over "
+            f"{limits.max_pixels} pixels, VLLM_EDGE_MAX_IMAGE_PIXELS) or non-data-URL image "
+            "with a 400/413/415 naming it, before vLLM sees the request"]
     argv += list(extra or [])  # after ours, so a user's vLLM flag wins
 
     lines = [f"model: {path}", *wpath.explain(), *edge.explain(),
              f"served model names: {', '.join(names)} (requests may use any of them)",
-             f"tool calls: {tools_why}"]
+             f"tool calls: {tools_why}", *image_lines]
     if parser:
         lines.append(f"tool strict level: {TOOL_STRICT_LEVEL}: {TOOL_STRICT_WHY}")
     if template:
@@ -166,7 +180,8 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
     if extra:
         lines.append(f"extra vLLM arguments: {' '.join(extra)}")
     describe = {"engine": edge.describe(), "weight_path": wpath.to_dict(),
-                "tool_call_parser": parser, "chat_template": template, "vllm_argv": argv}
+                "tool_call_parser": parser, "chat_template": template, "vllm_argv": argv,
+                "image_limits": dataclasses.asdict(limits) if limits else None}
     return ServePlan(Path(path), names, host, port, argv, dict(edge.env), lines, describe)
 
 

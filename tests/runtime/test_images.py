@@ -3,31 +3,11 @@ server should answer; good inputs of every supported format decode to RGB."""
 
 from __future__ import annotations
 
-import base64
-import io
-
 import pytest
-from PIL import Image
 
+from image_samples import data_url, encode, picture
 from vllm_edge.runtime import images
 from vllm_edge.runtime.images import ImageInputError, ImageLimits
-
-
-def picture(w: int = 40, h: int = 30, mode: str = "RGB") -> Image.Image:
-    img = Image.new(mode, (w, h))
-    img.putdata([((x * 7) % 256, (y * 11) % 256, (x * y) % 256)[: len(mode)] if mode != "L"
-                 else (x + y) % 256 for y in range(h) for x in range(w)])
-    return img
-
-
-def encode(img: Image.Image, fmt: str) -> bytes:
-    buf = io.BytesIO()
-    img.save(buf, format=fmt)
-    return buf.getvalue()
-
-
-def data_url(data: bytes, mime: str) -> str:
-    return f"data:{mime};base64," + base64.b64encode(data).decode()
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "GIF", "BMP"])
@@ -183,16 +163,23 @@ def test_openai_messages_for_a_server():
     (got,) = images.validate_openai_messages(msgs, ImageLimits())
     assert got.format == "PNG"
     two = [{"role": "user", "content": msgs[1]["content"] * 2}]
-    with pytest.raises(ImageInputError, match="limit is 1"):
+    with pytest.raises(ImageInputError, match="limit is 1") as e:
         images.validate_openai_messages(two, ImageLimits(max_images=1))
+    assert e.value.param == "messages"
     path_url = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "/etc/passwd"}}]}]
-    with pytest.raises(ImageInputError, match="only data:image"):
+    with pytest.raises(ImageInputError, match=r"^messages\[0\]\.content\[0\]: /etc/passwd: only data:image") as e:
         images.validate_openai_messages(path_url, ImageLimits())
+    assert e.value.param == "messages[0].content[0]"
     bad = [{"role": "user", "content": [{"type": "image_url",
                                          "image_url": {"url": data_url(b"GIF89a-broken", "image/gif")}}]}]
     with pytest.raises(ImageInputError) as e:
         images.validate_openai_messages(bad, ImageLimits())
     assert e.value.status in (400, 415)
+    # the part at fault is named: the second image of the second message
+    late = [msgs[0], {"role": "user", "content": [msgs[1]["content"][0], bad[0]["content"][0]]}]
+    with pytest.raises(ImageInputError, match=r"^messages\[1\]\.content\[1\]: data URL") as e:
+        images.validate_openai_messages(late, ImageLimits())
+    assert e.value.param == "messages[1].content[1]"
     with pytest.raises(ImageInputError, match="takes no images"):
         images.validate_openai_messages(msgs, ImageLimits(), accepts_images=False)
 

@@ -38,9 +38,10 @@ class ImageInputError(ValueError):
     """A bad image input. ``status`` is the HTTP status a server should answer with:
     400 (corrupt, truncated, malformed, too many), 413 (too large), 415 (format)."""
 
-    def __init__(self, message: str, status: int = 400) -> None:
+    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.param = param  # the request field at fault, e.g. messages[0].content[1]
 
 
 @dataclass(frozen=True)
@@ -200,8 +201,9 @@ def model_accepts_images(model_dir: str | os.PathLike) -> bool:
     return "vision_config" in cfg
 
 
-def _image_urls(messages: Iterable[dict]) -> list[str]:
-    urls: list[str] = []
+def _image_urls(messages: Iterable[dict]) -> list[tuple[str, str]]:
+    """(where, url) for each ``image_url`` part, in order."""
+    urls: list[tuple[str, str]] = []
     for i, msg in enumerate(messages):
         content = msg.get("content") if isinstance(msg, dict) else None
         if not isinstance(content, list):
@@ -211,9 +213,10 @@ def _image_urls(messages: Iterable[dict]) -> list[str]:
                 continue
             url = part.get("image_url")
             url = url.get("url") if isinstance(url, dict) else url
+            where = f"messages[{i}].content[{j}]"
             if not isinstance(url, str) or not url:
-                raise ImageInputError(f"messages[{i}].content[{j}]: image_url has no url")
-            urls.append(url)
+                raise ImageInputError(f"{where}: image_url has no url", param=where)
+            urls.append((where, url))
     return urls
 
 
@@ -221,16 +224,22 @@ def validate_openai_messages(messages: Iterable[dict], limits: ImageLimits | Non
                              model: str | None = None, accepts_images: bool = True) -> list[LoadedImage]:
     """Check every ``image_url`` part of an OpenAI chat request (count first, then each
     image). Only data URLs are accepted: a server must not read its own files for a
-    client."""
+    client. Errors carry the part at fault in ``param`` and at the start of the message."""
     limits = limits or ImageLimits.from_env()
     urls = _image_urls(messages)
-    check_count(len(urls), limits, model=model, accepts_images=accepts_images)
+    try:
+        check_count(len(urls), limits, model=model, accepts_images=accepts_images)
+    except ImageInputError as exc:
+        raise ImageInputError(str(exc), exc.status, param="messages") from None
     out = []
-    for url in urls:
-        if not url.startswith("data:"):
-            raise ImageInputError(f"{describe(url)}: only data:image/...;base64 URLs are "
-                                  "accepted by the server (no file paths, no remote fetches)")
-        out.append(load(url, limits))
+    for where, url in urls:
+        try:
+            if not url.startswith("data:"):
+                raise ImageInputError(f"{describe(url)}: only data:image/...;base64 URLs are "
+                                      "accepted by the server (no file paths, no remote fetches)")
+            out.append(load(url, limits))
+        except ImageInputError as exc:
+            raise ImageInputError(f"{where}: {exc}", exc.status, param=where) from None
     return out
 
 

@@ -51,5 +51,7 @@ def test_vlm_keys():
     assert vlm.parse_key("smolvlm-135m") == (None, 64, False)
     assert vlm.parse_key("smolvlm-135m-cpu_int4-g64") == ("cpu_int4", 64, False)
     assert vlm.parse_key("smolvlm-135m-cpu_int4-g128-vision") == ("cpu_int4", 128, True)
+    assert vlm.parse_key("smolvlm-135m-cpu_int4-g32") == ("cpu_int4", 32, False)
+    assert vlm.parse_key("smolvlm-135m-cpu_int4-g96") is None
     assert vlm.parse_key("smolvlm-135m-gptq-g64") is None
     assert vlm.quantized_dir("cpu_int4", 64, True).name == "smolvlm-135m-cpu_int4-g64-vision"

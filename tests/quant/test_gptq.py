@@ -71,14 +71,15 @@ def test_shape_errors_name_the_tensor():
         gptq.check_shape("x.weight", 12, 64, 64)
 
 
-def test_export_writes_a_gptq_checkpoint(tiny_llama, tmp_path):
+@pytest.mark.parametrize("group", [64, 32])
+def test_export_writes_a_gptq_checkpoint(tiny_llama, tmp_path, group):
     from safetensors import safe_open
 
-    dst = quantize_model(tiny_llama, tmp_path / "g", scheme="gptq", group=64, progress=False)
+    dst = quantize_model(tiny_llama, tmp_path / "g", scheme="gptq", group=group, progress=False)
     cfg = json.loads((dst / "config.json").read_text())
     qc = cfg["quantization_config"]
     assert (qc["quant_method"], qc["bits"], qc["group_size"], qc["desc_act"], qc["sym"], qc["lm_head"]) == \
-        ("gptq", 4, 64, False, True, True)
+        ("gptq", 4, group, False, True, True)
     assert cfg["tie_word_embeddings"] is False
     assert json.loads((dst / "quantize_config.json").read_text()) == qc
     with safe_open(str(dst / "model.safetensors"), framework="pt") as f:
@@ -89,14 +90,15 @@ def test_export_writes_a_gptq_checkpoint(tiny_llama, tmp_path):
     assert {"lm_head.qweight", "model.layers.0.mlp.down_proj.g_idx"} <= names
     assert not any(n.endswith("proj.weight") for n in names)
     assert head["qweight"].shape == (128 // 8, 512)
+    assert head["scales"].shape == (128 // group, 512) and head["qzeros"].shape == (128 // group, 512 // 8)
     ref = gptq.dequantize(head)
     assert 10 * torch.log10(emb.float().pow(2).sum() / (emb.float() - ref).pow(2).sum()) > 15
     report = json.loads((dst / REPORT_NAME).read_text())
     assert report["head_untied"] is True and report["scheme"] == "gptq"
     by_name = {r["name"]: r for r in report["tensors"]}
     assert "model.embed_tokens.weight" not in by_name
-    # 4 bits + fp16 scale and 4-bit zero per 64 + int32 g_idx per output row
-    assert by_name["lm_head.weight"]["bits_per_weight"] == pytest.approx(4 + 20 / 64 + 32 / 512)
+    # 4 bits + fp16 scale and 4-bit zero per group + int32 g_idx per output row
+    assert by_name["lm_head.weight"]["bits_per_weight"] == pytest.approx(4 + 20 / group + 32 / 512)
 
 
 def test_export_refuses_a_group_that_does_not_divide(tmp_path):

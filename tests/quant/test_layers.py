@@ -52,11 +52,12 @@ def _qkv(cfg):
                              prefix=f"{PREFIX}.self_attn.qkv_proj", params_dtype=torch.bfloat16)
 
 
-def test_qkv_shards_load_and_match(vllm_dist):
-    layer = _qkv(_cfg())
+@pytest.mark.parametrize("group", [128, 32])
+def test_qkv_shards_load_and_match(vllm_dist, group):
+    layer = _qkv(_cfg(group))
     refs = []
     for sid, rows in (("q", 576), ("k", 192), ("v", 192)):
-        t, ref = _quantized(rows, 576, 128)
+        t, ref = _quantized(rows, 576, group)
         _load(layer, t, sid)
         refs.append(ref)
     layer.quant_method.process_weights_after_loading(layer)
@@ -65,22 +66,24 @@ def test_qkv_shards_load_and_match(vllm_dist):
     _check(layer, torch.cat(refs))
 
 
-def test_gate_up_and_down(vllm_dist):
+@pytest.mark.parametrize("group", [64, 32])
+def test_gate_up_and_down(vllm_dist, group):
     from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 
-    gu = MergedColumnParallelLinear(576, [1536, 1536], bias=False, quant_config=_cfg(64),
+    gu = MergedColumnParallelLinear(576, [1536, 1536], bias=False, quant_config=_cfg(group),
                                     prefix=f"{PREFIX}.mlp.gate_up_proj", params_dtype=torch.bfloat16)
     refs = []
     for sid in (0, 1):
-        t, ref = _quantized(1536, 576, 64)
+        t, ref = _quantized(1536, 576, group)
         _load(gu, t, sid)
         refs.append(ref)
     gu.quant_method.process_weights_after_loading(gu)
+    assert gu.cpu_int4_mode == "tinygemm" and gu.cpu_int4_kgroup == group
     _check(gu, torch.cat(refs))
 
-    down = RowParallelLinear(1536, 576, bias=False, quant_config=_cfg(64),
+    down = RowParallelLinear(1536, 576, bias=False, quant_config=_cfg(group),
                              prefix=f"{PREFIX}.mlp.down_proj", params_dtype=torch.bfloat16)
-    t, ref = _quantized(576, 1536, 64)
+    t, ref = _quantized(576, 1536, group)
     _load(down, t)
     down.quant_method.process_weights_after_loading(down)
     _check(down, ref)
@@ -110,19 +113,20 @@ def test_direct_dequant_off_keeps_a_plain_copy(vllm_dist):
     _check(layer, torch.cat(refs))
 
 
-def test_tied_head_is_quantized_and_embedding_reads_the_same_data(vllm_dist):
+@pytest.mark.parametrize("group", [64, 32])
+def test_tied_head_is_quantized_and_embedding_reads_the_same_data(vllm_dist, group):
     from vllm.model_executor.layers.vocab_parallel_embedding import (
         ParallelLMHead,
         VocabParallelEmbedding,
     )
 
-    cfg = _cfg(64)
+    cfg = _cfg(group)
     vocab, dim = 1024, 128
     embed = VocabParallelEmbedding(vocab, dim, params_dtype=torch.bfloat16, quant_config=cfg,
                                    prefix="model.embed_tokens")
     head = ParallelLMHead(vocab, dim, params_dtype=torch.bfloat16, quant_config=cfg, prefix="lm_head")
     head = head.tie_weights(embed)
-    t, ref = _quantized(vocab, dim, 64)
+    t, ref = _quantized(vocab, dim, group)
     _load(embed, t)
     for module in (embed, head):  # vLLM's order: named_modules()
         module.quant_method.process_weights_after_loading(module)
@@ -150,10 +154,12 @@ def test_missing_weight_scale_names_the_tensor(vllm_dist):
         layer.quant_method.process_weights_after_loading(layer)
 
 
-def test_wrong_group_size_names_the_tensor(vllm_dist):
-    layer = _qkv(_cfg(128))
-    t, _ = _quantized(576, 576, 64)  # produced with group 64, config says 128
-    with pytest.raises(CheckpointError, match=r"q_proj\.weight_scale.*group size 64.*group_size is 128"):
+@pytest.mark.parametrize("made,config", [(64, 128), (64, 32), (32, 64)])
+def test_wrong_group_size_names_the_tensor(vllm_dist, made, config):
+    layer = _qkv(_cfg(config))
+    t, _ = _quantized(576, 576, made)  # produced with one group size, the config says another
+    with pytest.raises(CheckpointError,
+                       match=rf"q_proj\.weight_scale.*group size {made}\b.*group_size is {config}"):
         _load(layer, t, "q")
 
 
@@ -166,5 +172,8 @@ def test_wrong_packed_shape_names_the_tensor(vllm_dist):
 
 
 def test_bad_group_in_config_is_rejected():
-    with pytest.raises(ValueError, match="group_size=96"):
+    with pytest.raises(ValueError, match="group_size=96.*expected one of"):
         CpuInt4Config.from_config({"quant_method": "cpu_int4", "group_size": 96})
+    with pytest.raises(ValueError, match="group_size=16"):
+        CpuInt4Config.from_config({"quant_method": "cpu_int4", "group_size": 16})
+    assert CpuInt4Config.from_config({"quant_method": "cpu_int4", "group_size": 32}).group_size == 32

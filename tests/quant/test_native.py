@@ -32,7 +32,7 @@ def lib():
 
 
 @pytest.mark.parametrize("n,k,group", [(576, 576, 128), (1536, 576, 64), (112, 256, 64), (64, 32, 32),
-                                       (176, 512, 128), (144, 1024, 256)])
+                                       (176, 512, 128), (144, 1024, 256), (1536, 576, 32), (176, 576, 32)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_bit_identical_to_reference(lib, n, k, group, threads):
     p, sz, kg = _packed(n, k, group)

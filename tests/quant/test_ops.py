@@ -26,7 +26,8 @@ def _weights(n, k, group):
     return p, sz, kg, ref, (plain, s, z)
 
 
-@pytest.mark.parametrize("n,k,group", [(576, 1536, 128), (1536, 576, 128), (960, 576, 64), (112, 256, 64)])
+@pytest.mark.parametrize("n,k,group", [(576, 1536, 128), (1536, 576, 128), (960, 576, 64), (112, 256, 64),
+                                       (576, 1536, 32), (960, 576, 32), (112, 256, 32)])
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("threshold", [ops.DEFAULT_DEQUANT_THRESHOLD, ops.NEVER, 0])
 def test_gemm_matches_reference(n, k, group, rows, threshold):
@@ -39,10 +40,11 @@ def test_gemm_matches_reference(n, k, group, rows, threshold):
 
 
 @pytest.mark.parametrize("rows", ROWS)
-def test_plain_copy_route_matches_reference(rows):
-    p, sz, kg, ref, (plain, s, z) = _weights(576, 576, 128)
+@pytest.mark.parametrize("group", [128, 32])
+def test_plain_copy_route_matches_reference(rows, group):
+    p, sz, kg, ref, (plain, s, z) = _weights(576, 576, group)
     x = torch.randn(rows, 576, dtype=torch.bfloat16)
-    out = ops.int4_linear(x, p, sz, kg, 4, plain, s, z, 128)
+    out = ops.int4_linear(x, p, sz, kg, 4, plain, s, z, group)
     expect = x.float() @ ref.t()
     assert (out.float() - expect).abs().max() <= 0.01 * expect.abs().max()
 

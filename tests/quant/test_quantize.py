@@ -35,19 +35,22 @@ def tiny_llama(tmp_path):
     return src
 
 
-def test_quantize_writes_cpu_int4_checkpoint(tiny_llama, tmp_path):
+@pytest.mark.parametrize("group", [64, 32])
+def test_quantize_writes_cpu_int4_checkpoint(tiny_llama, tmp_path, group):
     from safetensors import safe_open
 
-    dst = quantize_model(tiny_llama, tmp_path / "q", group=64, progress=False)
+    dst = quantize_model(tiny_llama, tmp_path / "q", group=group, progress=False)
     cfg = json.loads((dst / "config.json").read_text())
     assert cfg["quantization_config"]["quant_method"] == "cpu_int4"
-    assert cfg["quantization_config"]["group_size"] == 64
+    assert cfg["quantization_config"]["group_size"] == group
     assert cfg["tie_word_embeddings"] is False
     assert (dst / "tokenizer.json").exists()
     with safe_open(str(dst / "model.safetensors"), framework="pt") as f:
         names = set(f.keys())
         head = {s: f.get_tensor(f"lm_head.{s}") for s in ("weight_packed", "weight_scale", "weight_zero")}
         emb = f.get_tensor("model.embed_tokens.weight_packed")
+        down_scale = f.get_tensor("model.layers.0.mlp.down_proj.weight_scale")
+    assert down_scale.shape == (128, 256 // group)
     assert "lm_head.weight" not in names and "model.layers.0.self_attn.q_proj.weight" not in names
     assert "model.norm.weight" in names
     assert head["weight_packed"].shape == (512, 64) and head["weight_packed"].dtype == torch.uint8
@@ -55,7 +58,8 @@ def test_quantize_writes_cpu_int4_checkpoint(tiny_llama, tmp_path):
     report = json.loads((dst / REPORT_NAME).read_text())
     assert report["head_untied"] is True
     by_name = {r["name"]: r for r in report["tensors"]}
-    assert by_name["lm_head.weight"]["bits_per_weight"] == pytest.approx(4.5)
+    # 4 bits + a bf16 scale and a bf16 zero per group
+    assert by_name["lm_head.weight"]["bits_per_weight"] == pytest.approx(4 + 32 / group)
     assert all(r["snr_db"] > 15 for r in report["tensors"])
 
 
@@ -73,8 +77,8 @@ def test_failed_quantize_leaves_no_partial_output(tiny_llama, tmp_path, monkeypa
 def test_bad_scheme_and_group():
     with pytest.raises(ValueError, match="awq"):
         quantize_model("x", "y", scheme="awq")
-    with pytest.raises(ValueError, match="group 32"):
-        quantize_model("x", "y", group=32)
+    with pytest.raises(ValueError, match=r"group 96 is not supported; use one of \(32, 64, 128\)"):
+        quantize_model("x", "y", group=96)
 
 
 def test_cli_parses_quantize():
@@ -83,3 +87,14 @@ def test_cli_parses_quantize():
     args = build_parser().parse_args(["quantize", "a", "b", "--group", "128"])
     assert (args.src, args.dst, args.scheme, args.group) == ("a", "b", "cpu_int4", 128)
     assert args.func.__module__ == "vllm_edge.quant.cli"
+
+
+@pytest.mark.parametrize("argv", [["quantize", "a", "b"], ["models", "prepare"], ["models", "build-vlm"],
+                                  ["bench", "speed"], ["fidelity", "--ref", "r"]])
+def test_every_group_flag_takes_32_and_refuses_96(argv, capsys):
+    from vllm_edge.cli import build_parser
+
+    assert build_parser().parse_args([*argv, "--group", "32"]).group == 32
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*argv, "--group", "96"])
+    assert "invalid choice: 96" in capsys.readouterr().err

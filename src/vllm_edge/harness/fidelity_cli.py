@@ -141,6 +141,8 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
 
 
 def add_fidelity_commands(sub: "argparse._SubParsersAction") -> None:
+    from vllm_edge.quant.quantize import GROUPS
+
     f = sub.add_parser(
         "fidelity", help="greedy divergence and teacher-forced KL against a saved bf16 reference",
         description="First save a reference from the bf16 build (--save-ref DIR), then score "
@@ -161,6 +163,6 @@ def add_fidelity_commands(sub: "argparse._SubParsersAction") -> None:
     f.add_argument("--dtype", default="bfloat16")
     f.add_argument("--quant", choices=("cpu_int4", "gptq"), default=None,
                    help="score the embedded model's quantized build (made once and cached, as `run` does)")
-    f.add_argument("--group", type=int, choices=(64, 128), default=64, help="group size for --quant")
+    f.add_argument("--group", type=int, choices=GROUPS, default=64, help="group size for --quant")
     f.add_argument("--enforce-eager", action="store_true", help="skip torch.compile")
     f.set_defaults(func=_cmd_fidelity)

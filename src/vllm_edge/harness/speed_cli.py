@@ -69,6 +69,8 @@ def _bench_subparsers(sub: "argparse._SubParsersAction") -> "argparse._SubParser
 
 
 def add_speed_commands(sub: "argparse._SubParsersAction") -> None:
+    from vllm_edge.quant.quantize import GROUPS
+
     s = _bench_subparsers(sub).add_parser(
         "speed", help="llama-bench-style pp/tg throughput (best and median over reps)",
         description="pp: a --prompt-len prompt with max_tokens=1. tg: --tg-tokens tokens with "
@@ -92,7 +94,7 @@ def add_speed_commands(sub: "argparse._SubParsersAction") -> None:
     s.add_argument("--no-warmup", action="store_true", help="time the first calls too")
     s.add_argument("--quant", choices=("cpu_int4", "gptq"), default=None,
                    help="run the embedded model's quantized build (made once and cached, as `run` does)")
-    s.add_argument("--group", type=int, choices=(64, 128), default=64, help="group size for --quant")
+    s.add_argument("--group", type=int, choices=GROUPS, default=64, help="group size for --quant")
     s.add_argument("--bandwidth", default="auto", metavar="auto|measure|off|FILE",
                    help="read-bandwidth ceiling for pct_of_ceiling: auto = "
                         "benchmarks/results/bandwidth.json when measured on the same cores (else "

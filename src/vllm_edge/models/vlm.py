@@ -267,11 +267,11 @@ def quantized_dir(scheme: str = "cpu_int4", group: int = 64, quantize_vision: bo
 
 
 def parse_key(name: str) -> tuple[str | None, int, bool] | None:
-    """``smolvlm-135m`` -> (None, 64, False); ``smolvlm-135m-cpu_int4-g64[-vision]`` ->
+    """``smolvlm-135m`` -> (None, 64, False); ``smolvlm-135m-cpu_int4-g{32,64,128}[-vision]`` ->
     ("cpu_int4", 64, vision); anything else -> None. The names are the cache directories'."""
     if name == KEY:
         return None, 64, False
-    m = re.fullmatch(re.escape(KEY) + r"-cpu_int4-g(64|128)(-vision)?", name)
+    m = re.fullmatch(re.escape(KEY) + r"-cpu_int4-g(32|64|128)(-vision)?", name)
     return ("cpu_int4", int(m.group(1)), bool(m.group(2))) if m else None
 
 

@@ -1,4 +1,4 @@
-"""`vllm-edge quantize SRC DST --scheme cpu_int4|gptq --group 64|128`."""
+"""`vllm-edge quantize SRC DST --scheme cpu_int4|gptq --group 32|64|128`."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def add_quant_commands(subparsers) -> None:
     q.add_argument("dst", help="output directory (written atomically)")
     q.add_argument("--scheme", choices=SCHEMES, default="cpu_int4")
     q.add_argument("--group", type=int, choices=GROUPS, default=64,
-                   help="input columns per scale (64: SmolLM2-135M keeps its answers; see docs/cpu-4bit.md)")
+                   help="input columns per scale: 32 = 5.0 bits/weight (matches a Q4_1 source's blocks), "
+                        "64 = 4.5 (default), 128 = 4.25; see docs/cpu-4bit.md")
     q.add_argument("--keep-embedding", action="store_true",
                    help="keep the input embedding in its source dtype (gptq always does)")
     q.add_argument("--quantize-vision", action=argparse.BooleanOptionalAction, default=None,

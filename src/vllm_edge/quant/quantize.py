@@ -22,7 +22,8 @@ from vllm_edge import atomic
 from vllm_edge.quant import gptq, pack
 
 SCHEMES = ("cpu_int4", "gptq")
-GROUPS = (64, 128)
+# 32 reproduces a llama.cpp Q4_1 source's blocks (asymmetric, 32 wide); 64 halves the scale bytes
+GROUPS = (32, 64, 128)
 REPORT_NAME = "quantization_report.json"
 # Bump when the output of a scheme changes, so cached checkpoints are redone.
 CONVERTER_VERSION = "quantize/2"

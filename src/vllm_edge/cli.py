@@ -386,11 +386,12 @@ def build_parser() -> argparse.ArgumentParser:
     from vllm_edge.harness.fidelity_cli import add_fidelity_commands
     from vllm_edge.harness.grid_cli import add_grid_commands
     from vllm_edge.harness.report import add_report_commands
-    from vllm_edge.harness.speed_cli import add_speed_commands
+    from vllm_edge.harness.speed_cli import add_profile_commands, add_speed_commands
     from vllm_edge.quant.cli import add_quant_commands
 
     for add in (add_quant_commands, add_speed_commands, add_grid_commands, add_fidelity_commands,
-                add_report_commands, add_agent_commands, add_compare_commands, add_bandwidth_commands):
+                add_report_commands, add_agent_commands, add_compare_commands, add_bandwidth_commands,
+                add_profile_commands):
         add(sub)
     return p
 

@@ -92,6 +92,15 @@ _declare(
     "pp512 and tg128); isolated timings in benchmarks/results/rmsnorm_micro.json. "
     "design.md 2.4: inductor already fuses the native norm with the residual add.",
 )
+_declare(
+    "VLLM_EDGE_INT4_OPENMP", "bool", False,
+    "cpu_int4 prefill: split the native dequantization over torch's own OpenMP team "
+    "(quant/native.py, needs the -fopenmp build) instead of Python threads. Read once per process.",
+    "Off until an end-to-end A/B on a quiet host ranks it. On a contended 2-core host a "
+    "2-thread microbenchmark of the four SmolLM2 linears at 512 rows gave 387 vs 236 ms wall "
+    "and 71 vs 46 ms CPU per layer, team vs Python threads (docs/cpu-4bit.md); at 1 thread the "
+    "routes are the same code.",
+)
 
 # --- names owned by other projects that we read -----------------------------
 _declare(

@@ -84,3 +84,101 @@ def test_without_the_kernel_the_torch_route_is_still_correct(monkeypatch):
     out = ops.int4_linear(x, p, sz, kg, 4)
     expect = x.float() @ pack.dequantize_packed(p, sz, kg).float().t()
     assert (out.float() - expect).abs().max() <= 0.01 * expect.abs().max()
+
+
+def _libgomp_files() -> set[str]:
+    with open("/proc/self/maps") as f:
+        return {line.split()[-1] for line in f if "libgomp" in line.rsplit("/", 1)[-1]}
+
+
+def test_team_route_runs_on_torchs_openmp_runtime(lib):
+    """Built with -fopenmp, and the library's libgomp.so.1 is the one torch loaded: one
+    runtime in the process, so the dequantization runs on torch's own thread team."""
+    assert native.openmp(), "gcc with -fopenmp is installed here: the OpenMP build should load"
+    files = _libgomp_files()
+    assert len(files) == 1, files
+    import torch as _torch
+
+    assert str(_torch.__file__).rsplit("/", 1)[0] in next(iter(files))
+
+
+@pytest.mark.parametrize("n,k,group", [(1536, 576, 64), (176, 512, 128), (576, 576, 128), (112, 256, 64)])
+def test_team_route_bit_identical(lib, monkeypatch, n, k, group):
+    """VLLM_EDGE_INT4_OPENMP=1: the rows split over the OpenMP team, tails included."""
+    monkeypatch.setenv("VLLM_EDGE_INT4_OPENMP", "1")
+    native.team_route.cache_clear()
+    try:
+        assert native.team_route()
+        p, sz, kg = _packed(n, k, group)
+        old = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            w = native.dequantize(p, sz, kg)
+            ref = pack.dequantize_packed(p, sz, kg).contiguous()
+            out = torch.full((n, k), float("nan"), dtype=torch.bfloat16)
+            for r0 in range(0, n, 128):  # row ranges through the team too
+                native.dequantize(p, sz, kg, r0, min(n, r0 + 128), out=out[r0:])
+        finally:
+            torch.set_num_threads(old)
+        assert torch.equal(w, ref) and torch.equal(out, ref)
+    finally:
+        native.team_route.cache_clear()
+
+
+def test_team_route_is_off_by_default(lib, monkeypatch):
+    monkeypatch.delenv("VLLM_EDGE_INT4_OPENMP", raising=False)
+    native.team_route.cache_clear()
+    try:
+        assert native.team_route() is False
+    finally:
+        native.team_route.cache_clear()
+
+
+@pytest.mark.parametrize("n,k,group", [(1536, 576, 64), (176, 512, 128)])
+def test_python_thread_route_still_bit_identical(lib, monkeypatch, n, k, group):
+    """The default route (and the one for builds without OpenMP)."""
+    monkeypatch.setattr(native, "team_route", lambda: False)
+    p, sz, kg = _packed(n, k, group)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        w = native.dequantize(p, sz, kg)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(w, pack.dequantize_packed(p, sz, kg).contiguous())
+
+
+@pytest.mark.parametrize("n,k,group", [(576, 576, 64), (176, 512, 128), (112, 256, 64), (64, 32, 32)])
+def test_gather_rows_bit_identical(lib, n, k, group):
+    p, sz, kg = _packed(n, k, group)
+    # rows from both nibble halves of full blocks, the tail (if any), repeats, the last row
+    ids = torch.tensor([[0, 31, 32, 63, n - 1], [n // 2, 1, 1, n - 2, 33]])
+    got = native.gather_rows(p, sz, kg, ids)
+    ref = pack.gather_rows_packed(p, sz, kg, ids, dtype=torch.bfloat16)
+    assert got.shape == (10, k)
+    assert torch.equal(got, ref)
+    assert torch.equal(got, pack.dequantize_packed(p, sz, kg)[ids.reshape(-1)])
+    assert torch.equal(native.gather_rows(p, sz, kg, ids.to(torch.int32)), ref)
+    assert native.gather_rows(p, sz, kg, torch.tensor([], dtype=torch.long)).shape == (0, k)
+
+
+def test_gather_rows_refuses_ids_outside_the_table(lib):
+    p, sz, kg = _packed(112, 256, 64)
+    with pytest.raises(IndexError, match="token id 112 is outside the table of 112 rows"):
+        native.gather_rows(p, sz, kg, torch.tensor([3, 112]))
+    with pytest.raises(IndexError, match="token id -1"):
+        native.gather_rows(p, sz, kg, torch.tensor([-1, 3]))
+
+
+def test_embedding_op_uses_the_native_gather(lib):
+    from torch.profiler import ProfilerActivity, profile
+
+    p, sz, kg = _packed(176, 512, 64)
+    ids = torch.randint(0, 176, (4, 33))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = ops.int4_embedding(ids, p, sz, kg)
+    assert out.shape == (4, 33, 512)
+    assert torch.equal(out.reshape(-1, 512), pack.dequantize_packed(p, sz, kg)[ids.reshape(-1)])
+    names = {e.key for e in prof.key_averages()}
+    # the torch gather's own ops (index arithmetic on the ids) are gone
+    assert "aten::remainder" not in names and "aten::repeat_interleave" not in names

@@ -461,13 +461,29 @@ def build_label(path: Path, cfg: SpeedConfig) -> str:
     return f"{path.name} ({cfg.dtype}, {'eager' if cfg.enforce_eager else 'compiled'})"
 
 
+def engine_for(cfg: SpeedConfig, path: Path, max_model_len: int) -> Any:
+    """The edge engine a speed run starts (``bench profile`` starts the same one): one
+    process, KV priced from the config, prefix caching off (a repeated prompt would skip
+    its prefill), no periodic stats logging."""
+    from vllm_edge.runtime.engine import edge_engine
+
+    edge = edge_engine(path, max_model_len=max_model_len, max_num_seqs=max((1, *cfg.batches)),
+                       dtype=cfg.dtype, enforce_eager=cfg.enforce_eager,
+                       enable_prefix_caching=False)
+    edge.kwargs["disable_log_stats"] = True
+    if cfg.image_px:
+        edge.kwargs["limit_mm_per_prompt"] = {"image": 1}
+        # a new image per call already defeats it; off, so preprocessing is always timed
+        edge.kwargs["mm_processor_cache_gb"] = 0
+    return edge
+
+
 def run(cfg: SpeedConfig, pinning: dict | None = None, out: str | os.PathLike | None = None,
         log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     """Start one engine, measure, and return (and optionally write) the result."""
     from vllm_edge import atomic
     from vllm_edge.harness import bytes_per_token, provenance
     from vllm_edge.harness.procmem import TreeSampler, tree_rss_anon_mb
-    from vllm_edge.runtime.engine import edge_engine
 
     path = Path(model_path(cfg))
     mml = validate(cfg, model_max_len(path))
@@ -476,15 +492,8 @@ def run(cfg: SpeedConfig, pinning: dict | None = None, out: str | os.PathLike | 
     acc = bytes_per_token.account_dir(path, dtype=cfg.dtype)
     ceiling = resolve_ceiling(cfg.bandwidth, (pinning or {}).get("cores"),
                               log=lambda s: log(f"[speed] {s}"))
-    edge = edge_engine(path, max_model_len=mml, max_num_seqs=max((1, *cfg.batches)),
-                       dtype=cfg.dtype, enforce_eager=cfg.enforce_eager,
-                       enable_prefix_caching=False)
-    edge.kwargs["disable_log_stats"] = True
+    edge = engine_for(cfg, path, mml)
     image_token = image_token_id(path) if cfg.image_px else None
-    if cfg.image_px:
-        edge.kwargs["limit_mm_per_prompt"] = {"image": 1}
-        # a new image per call already defeats it; off, so preprocessing is always timed
-        edge.kwargs["mm_processor_cache_gb"] = 0
     edge.apply_env()  # before vLLM is imported
 
     memory: dict[str, float] = {}

@@ -1,7 +1,8 @@
-"""`vllm-edge bench speed`: flags, pinning, and output for :mod:`speed`.
+"""`vllm-edge bench speed` and `bench profile`: flags, pinning, and output for
+:mod:`speed` and :mod:`profile` (which starts the same engine).
 
-The table goes to stderr; the last stdout line is one JSON object, so the
-command works as a `vllm-edge grid` arm.
+`bench speed` prints its table to stderr; its last stdout line is one JSON object, so the
+command works as a `vllm-edge grid` arm. `bench profile` prints its tables to stdout.
 """
 
 from __future__ import annotations
@@ -105,3 +106,79 @@ def add_speed_commands(sub: "argparse._SubParsersAction") -> None:
                         "(img{PX}_prefill_s) and tg with it in context (tg{N}_img_tps)")
     s.add_argument("--out", default=None, help="write the full result JSON with provenance here")
     s.set_defaults(func=_cmd_speed)
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from vllm_edge.harness import profile
+    from vllm_edge.models.default import ModelNotAvailable
+
+    if args.compare:
+        try:
+            results = [profile.load(p) for p in args.compare]
+        except profile.ProfileError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        labels = args.labels.split(",") if args.labels else [Path(p).stem for p in args.compare]
+        try:
+            print(profile.format_comparison(results, labels))
+        except profile.ProfileError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    try:
+        cfg = profile.ProfileConfig(
+            model=args.model, quant=args.quant, group=args.group, dtype=args.dtype,
+            prompt_len=args.prompt_len, decode_tokens=args.decode_tokens, top=args.top,
+            warmup=args.warmup, threads=args.threads,
+            cpus=speed.parse_int_list(args.cpus, "--cpus") or None, max_model_len=args.max_model_len)
+        profile.validate(cfg)
+        path = speed.model_path(cfg.speed_config())
+        speed.validate(cfg.speed_config(), speed.model_max_len(path))
+        cores = speed.core_set(cfg.cpus, cfg.threads, sorted(os.sched_getaffinity(0)))
+    except (speed.SpeedArgError, ModelNotAvailable, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    pinning = speed.pin(cores)
+    print(f"[profile] pinned to cores {cores}, OMP_NUM_THREADS={pinning['OMP_NUM_THREADS']}",
+          file=sys.stderr)
+    try:
+        result = profile.run(cfg, pinning=pinning, out=args.out)
+    except profile.ProfileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(profile.format_table(result), flush=True)
+    print(f"[profile] wrote {result['out']}", file=sys.stderr)
+    return 0
+
+
+def add_profile_commands(sub: "argparse._SubParsersAction") -> None:
+    s = _bench_subparsers(sub).add_parser(
+        "profile", help="torch.profiler breakdown of one prefill and one decode, by op and group",
+        description="Starts the `bench speed` engine in one process and eager mode, warms up, then "
+                    "profiles (CPU activities) one --prompt-len prefill with max_tokens=1 and "
+                    "--decode-tokens decode steps on a 16-token prompt. Writes self CPU time per "
+                    "op and per group (linear, attention, norm, activation, embed_head, sampling, "
+                    "other, untraced) as ms and % of the phase's wall time. Under contention "
+                    "compare the % columns, not the ms.")
+    s.add_argument("--model", default="default", help="'default', an embedded key, or a model directory")
+    s.add_argument("--quant", choices=("cpu_int4", "gptq"), default=None,
+                   help="run the embedded model's quantized build (made once and cached)")
+    s.add_argument("--group", type=int, choices=(64, 128), default=64, help="group size for --quant")
+    s.add_argument("--dtype", default="bfloat16")
+    s.add_argument("--prompt-len", type=int, default=512, help="prefill tokens (default 512)")
+    s.add_argument("--decode-tokens", type=int, default=32,
+                   help="decode steps profiled after the first token (default 32)")
+    s.add_argument("--top", type=int, default=15, help="ops listed per phase (default 15)")
+    s.add_argument("--warmup", type=int, default=1, help="unprofiled prefill+decode rounds first (default 1)")
+    s.add_argument("--threads", type=int, default=None,
+                   help="use the first N cores of the core set (vLLM binds one thread per core)")
+    s.add_argument("--cpus", default=None, metavar="0,1", help="core set (default: our affinity)")
+    s.add_argument("--max-model-len", type=int, default=None,
+                   help="engine max_model_len (default: what the run needs)")
+    s.add_argument("--out", default=None,
+                   help="result JSON (default benchmarks/results/profile_<build>_pp<N>_tg<M>.json)")
+    s.add_argument("--compare", nargs="+", metavar="RESULT.json", default=None,
+                   help="print the group shares of saved results side by side; runs no engine")
+    s.add_argument("--labels", default=None, metavar="A,B,...",
+                   help="column labels for --compare (default: the file names)")
+    s.set_defaults(func=_cmd_profile)

@@ -10,8 +10,19 @@ It is plain C without torch headers, built with the system C compiler on first u
 (about 0.3 s) and cached under ``$VLLM_EDGE_HOME/kernels``, keyed by the source, the
 compiler, the flags and the CPU's ISA flags (``-march=native`` code must not run on
 another CPU sharing the cache). No compiler, or a failed build, means the torch-op route,
-logged once: slower, never wrong. Calls go through ctypes, which releases the GIL, so
-the rows are split over ``torch.get_num_threads()`` Python threads.
+logged once: slower, never wrong.
+
+Threads. By default the rows are split over ``torch.get_num_threads()`` Python threads
+(ctypes releases the GIL). Those run while torch's OpenMP workers may still be
+spin-waiting after the previous GEMM, so at two threads on two cores they can compete with
+them. ``VLLM_EDGE_INT4_OPENMP=1`` instead splits the rows over an OpenMP team in the C
+(built with ``-fopenmp``, the first flag set): its ``libgomp.so.1`` resolves to the copy
+torch already loaded, so that team is the one torch's own GEMMs run on. Which is faster
+end to end is not measured yet (contended hosts only so far); the default stays the route
+measured before.
+
+The embedding lookup (:func:`gather_rows`) reads only the requested rows, in the same
+fp32 arithmetic, and is bit-identical to :func:`pack.gather_rows_packed`.
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ import torch
 logger = logging.getLogger("vllm_edge.quant")
 SOURCE = Path(__file__).with_name("csrc") / "int4_dequant.c"
 BLOCK_N = 64
-_FLAG_SETS = (["-O3", "-march=native"], ["-O3"])
+_FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3", "-march=native"], ["-O3"])
 
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -89,14 +100,39 @@ def library() -> ctypes.CDLL | None:
             err = getattr(exc, "stderr", "") or str(exc)
             errors.append(f"{' '.join(flags)}: {err.strip()[-300:]}")
             continue
-        for name in ("edge_int4_dequant_blocks", "edge_int4_dequant_tail"):
+        signatures = {"edge_int4_dequant_blocks": (3, 5), "edge_int4_dequant_tail": (3, 3),
+                      "edge_int4_dequant_team": (3, 7), "edge_int4_gather_rows": (4, 4)}
+        for name, (pointers, ints) in signatures.items():
             fn = getattr(lib, name)
             fn.restype = None
-            fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * (5 if "blocks" in name else 3)
+            fn.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int64] * ints
+        lib.edge_int4_openmp.restype = ctypes.c_int
+        lib.edge_int4_openmp.argtypes = []
         return lib
     logger.warning("cpu_int4: building %s failed (%s); multi-row batches dequantize with torch "
                    "ops (correct, slower)", SOURCE.name, " | ".join(errors))
     return None
+
+
+@functools.cache
+def openmp() -> bool:
+    """Whether the loaded kernel was built with OpenMP."""
+    lib = library()
+    return bool(lib is not None and lib.edge_int4_openmp())
+
+
+@functools.cache
+def team_route() -> bool:
+    """``VLLM_EDGE_INT4_OPENMP=1`` and an OpenMP build: dequantize on torch's OpenMP team."""
+    from vllm_edge import envs
+
+    if not envs.get("VLLM_EDGE_INT4_OPENMP"):
+        return False
+    if not openmp():
+        logger.warning("cpu_int4: VLLM_EDGE_INT4_OPENMP=1 but the native kernel was built "
+                       "without OpenMP; dequantizing with Python threads")
+        return False
+    return True
 
 
 def _executor(threads: int) -> ThreadPoolExecutor:
@@ -132,7 +168,12 @@ def dequantize(packed: torch.Tensor, sz: torch.Tensor, kgroup: int, r0: int = 0,
     p, s, o = packed.data_ptr(), sz.data_ptr(), w.data_ptr()
     row_bytes = k * w.element_size()
     b0, b1 = r0 // BLOCK_N, r1 // BLOCK_N
-    threads = max(1, min(torch.get_num_threads(), b1 - b0))
+    tail = r1 == n and n % BLOCK_N
+    team = torch.get_num_threads()
+    if team > 1 and team_route():
+        lib.edge_int4_dequant_team(p, s, o, n, k, kgroup, b0, b1, int(bool(tail)), team)
+        return w
+    threads = max(1, min(team, b1 - b0))
     if b1 > b0:
         if threads == 1:
             lib.edge_int4_dequant_blocks(p, s, o, n, k, kgroup, b0, b1)
@@ -143,7 +184,7 @@ def dequantize(packed: torch.Tensor, sz: torch.Tensor, kgroup: int, r0: int = 0,
                     for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
             for j in jobs:
                 j.result()
-    if r1 == n and n % BLOCK_N:
+    if tail:
         lib.edge_int4_dequant_tail(p, s, o + (b1 * BLOCK_N - r0) * row_bytes, n, k, kgroup)
     return w
 
@@ -195,3 +236,25 @@ def workspace_bytes() -> int:
     """Bytes the process-wide dequantization workspace holds now (0 before first use)."""
     ws = _workspace
     return 0 if ws is None else ws.numel() * ws.element_size()
+
+
+def gather_rows(packed: torch.Tensor, sz: torch.Tensor, kgroup: int,
+                ids: torch.Tensor) -> torch.Tensor | None:
+    """Rows ``ids`` of the tinygemm-layout weight as bf16 ``[len(ids), K]`` (an embedding
+    lookup), or ``None`` when the kernel is unavailable or the tensors are not in the
+    expected form. An id outside the table raises ``IndexError``."""
+    lib = library()
+    if lib is None or sz.dtype != torch.bfloat16 or not packed.is_contiguous() or not sz.is_contiguous():
+        return None
+    n = packed.shape[0]
+    k = sz.shape[0] * kgroup
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    if flat.numel():
+        lo, hi = int(flat.min()), int(flat.max())
+        if lo < 0 or hi >= n:
+            raise IndexError(f"cpu_int4 embedding: token id {lo if lo < 0 else hi} is outside "
+                             f"the table of {n} rows")
+    out = torch.empty(flat.numel(), k, dtype=torch.bfloat16)
+    lib.edge_int4_gather_rows(packed.data_ptr(), sz.data_ptr(), flat.data_ptr(), out.data_ptr(),
+                              n, k, kgroup, flat.numel())
+    return out

@@ -62,7 +62,10 @@ def _fake(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
 def int4_embedding_impl(ids: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
                         group_size: int) -> torch.Tensor:
     k = scales_zeros.shape[0] * group_size
-    rows = pack.gather_rows_packed(packed, scales_zeros, group_size, ids, dtype=scales_zeros.dtype)
+    # the torch-op gather costs ~3% of a 512-token prefill on SmolLM2; the C one ~0.1%
+    rows = native.gather_rows(packed, scales_zeros, group_size, ids)
+    if rows is None:
+        rows = pack.gather_rows_packed(packed, scales_zeros, group_size, ids, dtype=scales_zeros.dtype)
     return rows.view(*ids.shape, k)
 
 

@@ -8,9 +8,15 @@
  *
  * Row-major W (not W^T) because oneDNN's bf16 GEMM runs ~10% faster on it here.
  * Plain C with no torch headers so it builds in well under a second (quant/native.py).
+ * Built with -fopenmp when the compiler can: the library then needs libgomp.so.1, which
+ * resolves to the one torch already loaded, so edge_int4_dequant_team runs on torch's own
+ * OpenMP team instead of threads that fight it for the cores.
  */
 #include <stdint.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #if defined(__AVX512BW__)
 #include <immintrin.h>
 #endif
@@ -116,6 +122,63 @@ void edge_int4_dequant_tail(const uint8_t* packed, const uint16_t* sz, uint16_t*
       const uint16_t* p = sz + (g * n + full + r) * 2;
       int q = (pt[kk * half + r / 2] >> shift) & 15;
       out[r * k + kk] = f2bf((float)(q - 8) * bf2f(p[0]) + bf2f(p[1]));
+    }
+  }
+}
+
+/* 1 when built with OpenMP (edge_int4_dequant_team then splits its rows over a team). */
+int edge_int4_openmp(void) {
+#ifdef _OPENMP
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+/* Full blocks [b0, b1) (then the tail rows if with_tail) over `threads` OpenMP threads:
+   the calling thread's team, which for torch's calling thread is the team its GEMMs use. */
+void edge_int4_dequant_team(const uint8_t* packed, const uint16_t* sz, uint16_t* out,
+                            int64_t n, int64_t k, int64_t kg, int64_t b0, int64_t b1,
+                            int64_t with_tail, int64_t threads) {
+#pragma omp parallel num_threads((int)threads)
+  {
+#ifdef _OPENMP
+    int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+    int64_t t = 0, nt = 1;
+#endif
+    int64_t lo = b0 + (b1 - b0) * t / nt, hi = b0 + (b1 - b0) * (t + 1) / nt;
+    if (hi > lo) edge_int4_dequant_blocks(packed, sz, out + (lo - b0) * 64 * k, n, k, kg, lo, hi);
+    if (with_tail && t == nt - 1) edge_int4_dequant_tail(packed, sz, out + (b1 - b0) * 64 * k, n, k, kg);
+  }
+}
+
+/* Embedding lookup: out[t] = row ids[t] of W, K values each, from the same layout. The
+   caller checks 0 <= ids[t] < n. */
+void edge_int4_gather_rows(const uint8_t* packed, const uint16_t* sz, const int64_t* ids,
+                           uint16_t* out, int64_t n, int64_t k, int64_t kg, int64_t count) {
+  int64_t full = n / 64 * 64, half = (n - full) / 2;
+  const uint8_t* pt = packed + full * k / 2;
+  for (int64_t t = 0; t < count; t++) {
+    int64_t r = ids[t];
+    uint16_t* o = out + t * k;
+    const uint8_t* src;
+    int64_t stride;
+    int shift;
+    if (r < full) {  /* byte (k, r % 32) of block r / 64; high nibble for its upper 32 rows */
+      src = packed + (r / 64) * k * 32 + r % 32;
+      stride = 32;
+      shift = (int)((r % 64) / 32) * 4;
+    } else {
+      src = pt + (r - full) / 2;
+      stride = half;
+      shift = (int)((r - full) % 2) * 4;
+    }
+    for (int64_t k0 = 0; k0 < k; k0 += kg) {
+      const uint16_t* p = sz + ((k0 / kg) * n + r) * 2;
+      float s = bf2f(p[0]), z = bf2f(p[1]);
+      for (int64_t kk = k0; kk < k0 + kg && kk < k; kk++)
+        o[kk] = f2bf((float)(((src[kk * stride] >> shift) & 15) - 8) * s + z);
     }
   }
 }

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from vllm_edge.quant.groups import DEFAULT_GROUP
+
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from vllm_edge import doctor
@@ -205,7 +207,7 @@ def vlm_shape_defaults():
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vllm_edge.quant.quantize import GROUPS
+    from vllm_edge.quant.groups import GROUPS
 
     p = argparse.ArgumentParser(prog="vllm-edge", description="vLLM on edge CPUs.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -221,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     mp.add_argument("--force", action="store_true", help="convert again even if cached")
     mp.add_argument("--quant", choices=("cpu_int4", "gptq"), default=None,
                     help="also quantize it (cached beside the bf16 directory)")
-    mp.add_argument("--group", type=int, choices=GROUPS, default=64,
+    mp.add_argument("--group", type=int, choices=GROUPS, default=DEFAULT_GROUP,
                     help="input columns per scale (docs/cpu-4bit.md)")
     mp.set_defaults(func=_cmd_models_prepare)
     mi = msub.add_parser("import-gguf", help="convert a GGUF file into a bf16 safetensors directory")
@@ -255,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="output directory (default: the cached build under VLLM_EDGE_HOME)")
     mv.add_argument("--quant", choices=("cpu_int4",), default=None,
                     help="also quantize the cached build (language model, embedding and head)")
-    mv.add_argument("--group", type=int, choices=GROUPS, default=64,
+    mv.add_argument("--group", type=int, choices=GROUPS, default=DEFAULT_GROUP,
                     help="input columns per scale (docs/cpu-4bit.md)")
     mv.add_argument("--quantize-vision", action=argparse.BooleanOptionalAction, default=False,
                     help="with --quant: quantize the vision tower's linears too (default: no; "

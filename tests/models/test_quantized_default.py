@@ -30,13 +30,13 @@ def test_quantizes_once_beside_the_bf16_dir(fake_bf16, monkeypatch):
 
     assert not default.quantized_ready("default")
     out = default.prepare_quantized("default", progress=False)
-    assert out == fake_bf16.parent / "smollm2-135m-cpu_int4-g64"
+    assert out == fake_bf16.parent / "smollm2-135m-cpu_int4-g32"
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["quantization_config"]["quant_method"] == "cpu_int4"
-    assert cfg["quantization_config"]["group_size"] == 64
+    assert cfg["quantization_config"]["group_size"] == 32
     manifest = json.loads((out / default.MANIFEST_NAME).read_text())
     assert manifest["converter"] == f"{quantize.CONVERTER_VERSION}+{synthetic.CONVERTER_VERSION}"
-    assert (manifest["scheme"], manifest["group_size"], manifest["source"]) == ("cpu_int4", 64, str(fake_bf16))
+    assert (manifest["scheme"], manifest["group_size"], manifest["source"]) == ("cpu_int4", 32, str(fake_bf16))
     assert default.quantized_ready("default")
     assert not default.quantized_ready("default", group=128)
 
@@ -67,12 +67,12 @@ def test_run_quantizes_in_a_child_process_only_when_needed(fake_bf16, monkeypatc
     monkeypatch.setattr(default, "source_gguf", lambda m: "x.gguf")
     calls = []
     monkeypatch.setattr(subprocess, "run", lambda cmd, check: calls.append(cmd))
-    target = default.ensure_model("default", "cpu_int4", 64)
+    target = default.ensure_model("default", "cpu_int4", 32)
     assert target == default.quantized_dir(default.resolve_key("default"))
-    assert calls and calls[0][-6:] == ["prepare", "default", "--quant", "cpu_int4", "--group", "64"]
+    assert calls and calls[0][-6:] == ["prepare", "default", "--quant", "cpu_int4", "--group", "32"]
     default.prepare_quantized("default", progress=False)
     calls.clear()
-    assert default.ensure_model("default", "cpu_int4", 64) == target
+    assert default.ensure_model("default", "cpu_int4", 32) == target
     assert calls == []
 
 
@@ -81,4 +81,4 @@ def test_cli_prepare_quant(fake_bf16, capsys):
 
     assert main(["models", "prepare", "default", "--quant", "cpu_int4"]) == 0
     out = capsys.readouterr().out.strip()
-    assert out.endswith("smollm2-135m-cpu_int4-g64") and default.quantized_ready("default")
+    assert out.endswith("smollm2-135m-cpu_int4-g32") and default.quantized_ready("default")

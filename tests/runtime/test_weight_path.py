@@ -36,7 +36,7 @@ def test_amx_xeon_speed_is_w4a8(snapshot):
 
 def test_amx_xeon_fidelity_is_cpu_int4(snapshot):
     p = select_weight_path(snapshot("amx_xeon"), "fidelity")
-    assert (p.name, p.scheme, p.group) == ("cpu_int4", "cpu_int4", 64)
+    assert (p.name, p.scheme, p.group) == ("cpu_int4", "cpu_int4", 32)
     assert any("fidelity" in r for r in p.reasons)
 
 

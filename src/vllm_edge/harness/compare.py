@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vllm_edge import envs
+from vllm_edge.quant.groups import DEFAULT_GROUP
 
 # (vLLM build, llama.cpp build) pairs ratios are quoted for; the first two are the goals'.
 PAIRS = (("vllm-bf16", "llamacpp-BF16"), ("vllm-cpu_int4", "llamacpp-Q4_K_M"),
@@ -85,7 +86,7 @@ def builds(model: str = "default", synthetic_1b: bool = False) -> dict[str, Path
         key, bf16, int4 = "synthetic-llama-1b", synthetic_dir(), synthetic_dir("-cpu_int4-g64")
     else:
         m = default.resolve_key(model)
-        key, bf16, int4 = m.key, default.prepared_dir(m), default.quantized_dir(m, "cpu_int4", 64)
+        key, bf16, int4 = m.key, default.prepared_dir(m), default.quantized_dir(m, "cpu_int4", DEFAULT_GROUP)
     bf16_gguf = gguf_dir(key) / f"{key}.bf16.gguf"
     out = {"vllm-bf16": bf16, "vllm-cpu_int4": int4, "llamacpp-BF16": bf16_gguf}
     out.update({f"llamacpp-{q}": quantized_path(bf16_gguf, q) for q in GGUF_QUANTS})
@@ -110,7 +111,7 @@ def prepare(model: str = "default", synthetic_1b: bool = False, progress: bool =
                            progress=progress)
     else:
         default.prepare(model, progress=progress)
-        default.prepare_quantized(model, "cpu_int4", 64, progress=progress)
+        default.prepare_quantized(model, "cpu_int4", DEFAULT_GROUP, progress=progress)
     if not paths["llamacpp-BF16"].exists():
         export_gguf(paths["vllm-bf16"], paths["llamacpp-BF16"], progress=progress)
     for q in GGUF_QUANTS:

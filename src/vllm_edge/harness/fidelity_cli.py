@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_edge.harness import fidelity
+from vllm_edge.quant.groups import DEFAULT_GROUP
 
 DEFAULT_CORPUS_CHUNKS = 8  # 8 x 255 scored positions: about a minute of prefill on 2 cores
 LEN_ROUND = 256
@@ -67,7 +68,7 @@ def run(model: str, save_ref: str | None = None, ref: str | None = None, out: st
         corpus_chunks: int = DEFAULT_CORPUS_CHUNKS, chunk_len: int = fidelity.DEFAULT_CHUNK,
         greedy_tokens: int = fidelity.DEFAULT_GREEDY_TOKENS, kl_k: int = fidelity.DEFAULT_KL_K,
         dtype: str = "bfloat16", enforce_eager: bool = False, quant: str | None = None,
-        group: int = 64) -> dict:
+        group: int = DEFAULT_GROUP) -> dict:
     from vllm_edge import atomic
     from vllm_edge.models.default import ensure_model
     from vllm_edge.harness import prompts as P
@@ -141,7 +142,7 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
 
 
 def add_fidelity_commands(sub: "argparse._SubParsersAction") -> None:
-    from vllm_edge.quant.quantize import GROUPS
+    from vllm_edge.quant.groups import GROUPS
 
     f = sub.add_parser(
         "fidelity", help="greedy divergence and teacher-forced KL against a saved bf16 reference",
@@ -163,6 +164,6 @@ def add_fidelity_commands(sub: "argparse._SubParsersAction") -> None:
     f.add_argument("--dtype", default="bfloat16")
     f.add_argument("--quant", choices=("cpu_int4", "gptq"), default=None,
                    help="score the embedded model's quantized build (made once and cached, as `run` does)")
-    f.add_argument("--group", type=int, choices=GROUPS, default=64, help="group size for --quant")
+    f.add_argument("--group", type=int, choices=GROUPS, default=DEFAULT_GROUP, help="group size for --quant")
     f.add_argument("--enforce-eager", action="store_true", help="skip torch.compile")
     f.set_defaults(func=_cmd_fidelity)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from vllm_edge.harness import speed
+from vllm_edge.quant.groups import DEFAULT_GROUP
 
 MARK_PREFIX = "edge_profile/"
 GROUPS = ("linear", "attention", "norm", "activation", "embed_head", "sampling", "other")
@@ -69,7 +70,7 @@ class ProfileError(RuntimeError):
 class ProfileConfig:
     model: str = "default"
     quant: str | None = None
-    group: int = 64
+    group: int = DEFAULT_GROUP
     dtype: str = "bfloat16"
     prompt_len: int = 512
     decode_tokens: int = 32

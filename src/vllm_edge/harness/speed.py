@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from vllm_edge.harness import stats
+from vllm_edge.quant.groups import DEFAULT_GROUP
 
 # Prompt length of the depth-0 tg and batch runs: llama-bench's tg128 decodes on an
 # empty context; we need at least a few tokens to have a prompt at all.
@@ -63,7 +64,7 @@ class SpeedConfig:
     bandwidth: str = "auto"
     # an embedded model's quantized build, made once and cached as `vllm-edge run` does
     quant: str | None = None
-    group: int = 64
+    group: int = DEFAULT_GROUP
     image_px: int | None = None
 
 

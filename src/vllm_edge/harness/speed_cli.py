@@ -14,6 +14,7 @@ from pathlib import Path
 import sys
 
 from vllm_edge.harness import speed
+from vllm_edge.quant.groups import DEFAULT_GROUP
 
 
 def config_from_args(args: argparse.Namespace) -> speed.SpeedConfig:
@@ -70,7 +71,7 @@ def _bench_subparsers(sub: "argparse._SubParsersAction") -> "argparse._SubParser
 
 
 def add_speed_commands(sub: "argparse._SubParsersAction") -> None:
-    from vllm_edge.quant.quantize import GROUPS
+    from vllm_edge.quant.groups import GROUPS
 
     s = _bench_subparsers(sub).add_parser(
         "speed", help="llama-bench-style pp/tg throughput (best and median over reps)",
@@ -95,7 +96,7 @@ def add_speed_commands(sub: "argparse._SubParsersAction") -> None:
     s.add_argument("--no-warmup", action="store_true", help="time the first calls too")
     s.add_argument("--quant", choices=("cpu_int4", "gptq"), default=None,
                    help="run the embedded model's quantized build (made once and cached, as `run` does)")
-    s.add_argument("--group", type=int, choices=GROUPS, default=64, help="group size for --quant")
+    s.add_argument("--group", type=int, choices=GROUPS, default=DEFAULT_GROUP, help="group size for --quant")
     s.add_argument("--bandwidth", default="auto", metavar="auto|measure|off|FILE",
                    help="read-bandwidth ceiling for pct_of_ceiling: auto = "
                         "benchmarks/results/bandwidth.json when measured on the same cores (else "

@@ -9,6 +9,7 @@ from importlib import metadata
 from pathlib import Path
 
 from vllm_edge import envs
+from vllm_edge.quant.groups import DEFAULT_GROUP
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def prepare(name: str = DEFAULT, *, force: bool = False, progress: bool = True) 
     return import_gguf(source_gguf(model), prepared_dir(model), force=force, progress=progress)
 
 
-def quantized_dir(model: EmbeddedModel, scheme: str = "cpu_int4", group: int = 64) -> Path:
+def quantized_dir(model: EmbeddedModel, scheme: str = "cpu_int4", group: int = DEFAULT_GROUP) -> Path:
     return envs.home() / "models" / f"{model.key}-{scheme}-g{group}"
 
 
@@ -98,7 +99,7 @@ def _read_manifest(path: Path) -> dict:
         return {}
 
 
-def quantized_ready(name: str = DEFAULT, scheme: str = "cpu_int4", group: int = 64) -> bool:
+def quantized_ready(name: str = DEFAULT, scheme: str = "cpu_int4", group: int = DEFAULT_GROUP) -> bool:
     """Cheap check (no hashing): is a checkpoint from the current quantizer cached?"""
     from vllm_edge.quant.quantize import CONVERTER_VERSION
 
@@ -107,7 +108,7 @@ def quantized_ready(name: str = DEFAULT, scheme: str = "cpu_int4", group: int = 
             and have.get("scheme") == scheme and have.get("group_size") == group)
 
 
-def prepare_quantized(name: str = DEFAULT, scheme: str = "cpu_int4", group: int = 64, *,
+def prepare_quantized(name: str = DEFAULT, scheme: str = "cpu_int4", group: int = DEFAULT_GROUP, *,
                       force: bool = False, progress: bool = True) -> Path:
     """Quantize the embedded model once (after its bf16 conversion); later calls return
     the cached directory. The manifest ties it to the bf16 source and the quantizer."""
@@ -141,7 +142,7 @@ def ensure_model(name: str, scheme: str | None = None, group: int | None = None)
         vision = parsed[2]
         if parsed[0]:
             scheme, group = parsed[0], parsed[1]
-        group = group or 64
+        group = group or DEFAULT_GROUP
         if not (vlm.ready(scheme, group, vision) if scheme else vlm.ready()):
             source_gguf(resolve_key("default"))
             cmd = [sys.executable, "-m", "vllm_edge.cli", "models", "build-vlm"]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 from vllm_edge import atomic, envs
+from vllm_edge.quant.groups import DEFAULT_GROUP
 
 
 CONVERTER_VERSION = "vlm/1"
@@ -261,7 +262,7 @@ def prepared_dir() -> Path:
     return envs.home() / "models" / f"{KEY}-bf16"
 
 
-def quantized_dir(scheme: str = "cpu_int4", group: int = 64, quantize_vision: bool = False) -> Path:
+def quantized_dir(scheme: str = "cpu_int4", group: int = DEFAULT_GROUP, quantize_vision: bool = False) -> Path:
     tag = "-vision" if quantize_vision else ""
     return envs.home() / "models" / f"{KEY}-{scheme}-g{group}{tag}"
 
@@ -296,7 +297,7 @@ def prepare(*, force: bool = False, progress: bool = True) -> Path:
     return build(out, text_dir=text)
 
 
-def ready(quant: str | None = None, group: int = 64, quantize_vision: bool = False) -> bool:
+def ready(quant: str | None = None, group: int = DEFAULT_GROUP, quantize_vision: bool = False) -> bool:
     """Cheap check: is this build cached from the current converters?"""
     if quant is None:
         return _manifest(prepared_dir()).get("converter") == CONVERTER_VERSION
@@ -307,7 +308,7 @@ def ready(quant: str | None = None, group: int = 64, quantize_vision: bool = Fal
             and have.get("group_size") == group and have.get("quantize_vision") == quantize_vision)
 
 
-def prepare_quantized(scheme: str = "cpu_int4", group: int = 64, *, quantize_vision: bool = False,
+def prepare_quantized(scheme: str = "cpu_int4", group: int = DEFAULT_GROUP, *, quantize_vision: bool = False,
                       force: bool = False, progress: bool = True) -> Path:
     """Quantize the default VLM once: the language model's linears, embedding and head,
     and the vision tower's linears only when ``quantize_vision``."""

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from vllm_edge.quant.groups import DEFAULT_GROUP
+
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
     from vllm_edge.quant.quantize import REPORT_NAME, quantize_model
@@ -35,7 +37,7 @@ def add_quant_commands(subparsers) -> None:
     q.add_argument("src", help="source safetensors model directory (bf16/fp16/fp32)")
     q.add_argument("dst", help="output directory (written atomically)")
     q.add_argument("--scheme", choices=SCHEMES, default="cpu_int4")
-    q.add_argument("--group", type=int, choices=GROUPS, default=64,
+    q.add_argument("--group", type=int, choices=GROUPS, default=DEFAULT_GROUP,
                    help="input columns per scale: 32 = 5.0 bits/weight (matches a Q4_1 source's blocks), "
                         "64 = 4.5 (default), 128 = 4.25; see docs/cpu-4bit.md")
     q.add_argument("--keep-embedding", action="store_true",

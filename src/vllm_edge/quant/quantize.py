@@ -20,10 +20,10 @@ import torch
 
 from vllm_edge import atomic
 from vllm_edge.quant import gptq, pack
+from vllm_edge.quant.groups import DEFAULT_GROUP, GROUPS  # noqa: F401  (GROUPS re-exported)
 
 SCHEMES = ("cpu_int4", "gptq")
 # 32 reproduces a llama.cpp Q4_1 source's blocks (asymmetric, 32 wide); 64 halves the scale bytes
-GROUPS = (32, 64, 128)
 REPORT_NAME = "quantization_report.json"
 # Bump when the output of a scheme changes, so cached checkpoints are redone.
 CONVERTER_VERSION = "quantize/2"
@@ -140,7 +140,7 @@ def snr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:
 
 
 def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_int4",
-                   group: int = 64, *, quantize_embedding: bool = True,
+                   group: int = DEFAULT_GROUP, *, quantize_embedding: bool = True,
                    modules_to_not_convert: list[str] | None = None,
                    quantize_vision: bool | None = None,
                    progress: bool = True, manifest: dict | None = None) -> Path:

@@ -17,8 +17,8 @@ from typing import Any
 
 PATHS = ("gptq_w4a8", "cpu_int4", "bf16")
 PRIORITIES = ("speed", "fidelity")
-# the quantized checkpoint each path runs (scheme, group); g64 keeps SmolLM2-135M's answers
-CHECKPOINT = {"gptq_w4a8": ("gptq", 64), "cpu_int4": ("cpu_int4", 64), "bf16": (None, None)}
+# the quantized checkpoint each path runs (scheme, group); cpu_int4 g32: docs/cpu-4bit.md, "Group size"
+CHECKPOINT = {"gptq_w4a8": ("gptq", 64), "cpu_int4": ("cpu_int4", 32), "bf16": (None, None)}
 _ARM = ("aarch64", "arm64")
 _X86 = ("x86_64", "amd64", "i686", "i386")
 

@@ -29,26 +29,37 @@ def config_from_args(args: argparse.Namespace) -> speed.SpeedConfig:
         image_px=args.image_px)
 
 
+def _model_and_cores(cfg: speed.SpeedConfig) -> tuple[Path, list[int]]:
+    """The checkpoint `bench speed`/`bench profile` will run, checked against the config, and
+    the cores to pin; raises the errors the commands report with exit 2."""
+    path = speed.model_path(cfg)
+    speed.validate(cfg, speed.model_max_len(path))
+    return path, speed.core_set(cfg.cpus, cfg.threads, sorted(os.sched_getaffinity(0)))
+
+
+def _pin(cores: list[int], tag: str) -> dict:
+    pinning = speed.pin(cores)
+    print(f"[{tag}] pinned to cores {cores}, OMP_NUM_THREADS={pinning['OMP_NUM_THREADS']}",
+          file=sys.stderr)
+    return pinning
+
+
 def _cmd_speed(args: argparse.Namespace) -> int:
     from vllm_edge.harness.bytes_per_token import AccountingError
     from vllm_edge.models.default import ModelNotAvailable
 
     try:
         cfg = config_from_args(args)
-        path = speed.model_path(cfg)
-        speed.validate(cfg, speed.model_max_len(path))
+        path, cores = _model_and_cores(cfg)
         if cfg.image_px:
             speed.image_token_id(path)
-        cores = speed.core_set(cfg.cpus, cfg.threads, sorted(os.sched_getaffinity(0)))
         if cfg.bandwidth not in ("auto", "measure", "off") and not Path(cfg.bandwidth).is_file():
             raise speed.SpeedArgError(f"--bandwidth {cfg.bandwidth}: no such file "
                                       "(give auto, measure, off or a `vllm-edge bandwidth` result)")
     except (speed.SpeedArgError, ModelNotAvailable, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    pinning = speed.pin(cores)
-    print(f"[speed] pinned to cores {cores}, OMP_NUM_THREADS={pinning['OMP_NUM_THREADS']}",
-          file=sys.stderr)
+    pinning = _pin(cores, "speed")
     try:
         result = speed.run(cfg, pinning=pinning, out=args.out)
     except (speed.SpeedArgError, AccountingError) as exc:
@@ -133,15 +144,11 @@ def _cmd_profile(args: argparse.Namespace) -> int:
             warmup=args.warmup, threads=args.threads,
             cpus=speed.parse_int_list(args.cpus, "--cpus") or None, max_model_len=args.max_model_len)
         profile.validate(cfg)
-        path = speed.model_path(cfg.speed_config())
-        speed.validate(cfg.speed_config(), speed.model_max_len(path))
-        cores = speed.core_set(cfg.cpus, cfg.threads, sorted(os.sched_getaffinity(0)))
+        _, cores = _model_and_cores(cfg.speed_config())
     except (speed.SpeedArgError, ModelNotAvailable, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    pinning = speed.pin(cores)
-    print(f"[profile] pinned to cores {cores}, OMP_NUM_THREADS={pinning['OMP_NUM_THREADS']}",
-          file=sys.stderr)
+    pinning = _pin(cores, "profile")
     try:
         result = profile.run(cfg, pinning=pinning, out=args.out)
     except profile.ProfileError as exc:

@@ -193,8 +193,9 @@ def build(out: str | Path, *, text_dir: str | Path, vision: VisionShape = Vision
           seed: int = 0) -> Path:
     """Write the bf16 Idefics3 checkpoint to ``out`` (atomically); returns ``out``."""
     import torch
-    from safetensors import safe_open
     from safetensors.torch import save_file
+
+    from vllm_edge.quant.quantize import load_ref, tensor_refs
 
     vision.validate()
     out, src = Path(out).expanduser(), Path(text_dir)
@@ -208,17 +209,12 @@ def build(out: str | Path, *, text_dir: str | Path, vision: VisionShape = Vision
     with atomic.directory(out) as tmp:
         tok_info = _save_processor(tmp, src, vision)
         vocab = padded_vocab(tok_info["tokens"])
-        files = sorted(src.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"{src}: no *.safetensors files")
-        for f in files:
-            with safe_open(str(f), framework="pt") as h:
-                for name in h.keys():
-                    if name == "lm_head.weight":
-                        continue  # the head is rebuilt from the resized embedding below
-                    if not name.startswith("model."):
-                        raise ValueError(f"{f}: unexpected tensor {name}")
-                    tensors["model.text_model." + name[len("model."):]] = h.get_tensor(name)
+        for name, ref in tensor_refs(src):
+            if name == "lm_head.weight":
+                continue  # the head is rebuilt from the resized embedding below
+            if not name.startswith("model."):
+                raise ValueError(f"{ref[0]}: unexpected tensor {name}")
+            tensors["model.text_model." + name[len("model."):]] = load_ref(ref)
         emb = tensors["model.text_model.embed_tokens.weight"]
         if emb.shape[0] != tok_info["base_vocab"]:
             raise ValueError(f"{src}: embedding has {emb.shape[0]} rows but the tokenizer "

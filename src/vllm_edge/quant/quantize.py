@@ -31,7 +31,9 @@ CONVERTER_VERSION = "quantize/2"
 _SKIP_COPY = {"config.json", "model.safetensors.index.json", REPORT_NAME, "vllm_edge_manifest.json"}
 
 
-def _open_tensors(src: Path) -> Iterator[tuple[str, Any]]:
+def tensor_refs(src: Path) -> Iterator[tuple[str, tuple[Path, str]]]:
+    """(name, ref) for every tensor of a safetensors checkpoint directory, in file order;
+    :func:`load_ref` reads one. Nothing is loaded here."""
     from safetensors import safe_open
 
     files = sorted(src.glob("*.safetensors"))
@@ -43,7 +45,7 @@ def _open_tensors(src: Path) -> Iterator[tuple[str, Any]]:
                 yield name, (f, name)
 
 
-def _load(ref: tuple[Path, str]) -> torch.Tensor:
+def load_ref(ref: tuple[Path, str]) -> torch.Tensor:
     from safetensors import safe_open
 
     with safe_open(str(ref[0]), framework="pt") as h:
@@ -167,7 +169,7 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
     src, dst = Path(src_dir), Path(dst_dir)
     config = json.loads((src / "config.json").read_text())
     skip = list(modules_to_not_convert or [])
-    refs = dict(_open_tensors(src))
+    refs = dict(tensor_refs(src))
     if scheme == "gptq":
         quantize_embedding = False
     reasons = {m: "modules_to_not_convert given by the caller" for m in skip}
@@ -211,7 +213,7 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
     with tqdm(total=len(names), desc=f"quantize {scheme} g{group}", unit="tensor",
               disable=not progress) as bar:
         for name in names:
-            t = _load(refs[name])
+            t = load_ref(refs[name])
             if not _should_quantize(name, tuple(t.shape), quantize_embedding, skip) or not t.is_floating_point():
                 out[name] = t.contiguous()
                 bar.update(1)

@@ -101,6 +101,15 @@ _declare(
     "and 71 vs 46 ms CPU per layer, team vs Python threads (docs/cpu-4bit.md); at 1 thread the "
     "routes are the same code.",
 )
+_declare(
+    "VLLM_EDGE_INT4_GEMV", "bool", True,
+    "cpu_int4: run batches up to the dequantization threshold (with dequant_threshold "
+    "\"auto\", every batch) on the native AVX512-BF16 product (quant/csrc/int4_gemv.c). "
+    "0 uses tinygemm (_weight_int4pack_mm_for_cpu) and hands over to dequantize + GEMM at 48 "
+    "rows, the route before the kernel existed. Read once per process.",
+    "On: 2.4-2.7x tinygemm at one row on the 1B shapes (docs/cpu-4bit.md); the 1B grid "
+    "(benchmarks/results/grid/int4_1b/) runs both settings side by side.",
+)
 
 # --- names owned by other projects that we read -----------------------------
 _declare(

@@ -1,8 +1,12 @@
-"""The native dequantizer (quant/csrc/int4_dequant.c) against the torch reference.
+"""The native kernels (quant/csrc/) against the torch reference.
 
-It must be bit-identical to ``pack.dequantize_packed``: same fp32 arithmetic, same
-round-to-nearest-even to bf16. Shapes cover full 64-row blocks, tails of 16/32/48 rows,
-K=576 (SmolLM2, run as groups of 64) and chunked row ranges.
+The dequantizer (int4_dequant.c) must be bit-identical to ``pack.dequantize_packed``: same
+fp32 arithmetic, same round-to-nearest-even to bf16. Shapes cover full 64-row blocks, tails
+of 16/32/48 rows, K=576 (SmolLM2, run as groups of 64) and chunked row ranges.
+
+The product (int4_gemv.c) accumulates in a different order than any reference, so each
+output is checked against the fp32 product of the dequantized weight within bf16 output
+rounding plus fp32 accumulation slack.
 """
 
 from __future__ import annotations
@@ -190,3 +194,83 @@ def test_embedding_op_uses_the_native_gather(lib):
     names = {e.key for e in prof.key_averages()}
     # the torch gather's own ops (index arithmetic on the ids) are gone
     assert "aten::remainder" not in names and "aten::repeat_interleave" not in names
+
+
+# --- the few-row product (csrc/int4_gemv.c) -------------------------------------------
+
+@pytest.fixture(scope="module")
+def gemv_lib(lib):
+    if "avx512_bf16" not in native._cpu_flags().split():
+        pytest.skip("this CPU has no AVX512-BF16: small batches run on tinygemm (tested in test_ops)")
+    assert native.gemv_supported(), "AVX512-BF16 and gcc -fopenmp are here: the product should build"
+    return lib
+
+
+def _bound(x, w):
+    """bf16 output rounding (2^-8 relative) plus fp32 accumulation slack. ``w`` must be the
+    fp32 dequantization: the kernel never rounds weights to bf16."""
+    ref = x.float() @ w.float().t()
+    return ref, 2 ** -8 * ref.abs() + 1e-5 * (x.float().abs() @ w.float().abs().t()) + 1e-6
+
+
+@pytest.mark.parametrize("n,k,group", [(960, 576, 32), (1536, 576, 64), (576, 1536, 128), (64, 2048, 64),
+                                       (128, 512, 256)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 512])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gemv_matches_reference(gemv_lib, n, k, group, rows, threads):
+    p, sz, kg = _packed(n, k, group)
+    w = pack.dequantize_packed(p, sz, kg, dtype=torch.float32)
+    x = torch.randn(rows, k, dtype=torch.bfloat16)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = native.gemv(x, p, sz, kg)
+    finally:
+        torch.set_num_threads(old)
+    ref, tol = _bound(x, w)
+    assert y.shape == (rows, n) and y.dtype == torch.bfloat16
+    assert ((y.float() - ref).abs() <= tol).all(), (y.float() - ref).abs().max()
+
+
+def test_gemv_refuses_shapes_it_cannot_take(gemv_lib):
+    p, sz, kg = _packed(112, 256, 64)  # a 48-row tail block
+    assert native.gemv(torch.randn(1, 256, dtype=torch.bfloat16), p, sz, kg) is None
+    p, sz, kg = _packed(128, 256, 64)
+    assert native.gemv(torch.randn(1, 256), p, sz, kg) is None  # fp32 activations
+    assert native.gemv(torch.randn(1, 256, dtype=torch.bfloat16), p, sz, kg) is not None
+
+
+def test_small_batches_run_the_native_product(gemv_lib):
+    from torch.profiler import ProfilerActivity, profile
+
+    p, sz, kg = _packed(256, 512, 64)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for rows in (1, 8, ops.DEFAULT_DEQUANT_THRESHOLD):
+            ops.int4_linear(torch.randn(rows, 512, dtype=torch.bfloat16), p, sz, kg, ops.DEFAULT_DEQUANT_THRESHOLD)
+    names = {e.key for e in prof.key_averages()}
+    assert "aten::_weight_int4pack_mm_for_cpu" not in names and "edge_int4_dequant" not in names
+
+
+def test_without_the_product_small_batches_use_tinygemm(monkeypatch):
+    from torch.profiler import ProfilerActivity, profile
+
+    monkeypatch.setattr(native, "gemv_supported", lambda: False)
+    p, sz, kg = _packed(256, 512, 64)
+    x = torch.randn(2, 512, dtype=torch.bfloat16)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = ops.int4_linear(x, p, sz, kg, ops.DEFAULT_DEQUANT_THRESHOLD)
+    assert "aten::_weight_int4pack_mm_for_cpu" in {e.key for e in prof.key_averages()}
+    ref, tol = _bound(x, pack.dequantize_packed(p, sz, kg, dtype=torch.float32))
+    assert ((out.float() - ref).abs() <= tol).all()
+
+
+def test_gemv_switch_off_means_tinygemm(monkeypatch):
+    monkeypatch.setenv("VLLM_EDGE_INT4_GEMV", "0")
+    native.gemv_supported.cache_clear()
+    try:
+        assert native.gemv_supported() is False
+        assert ops.auto_threshold() == ops.DEFAULT_DEQUANT_THRESHOLD
+        p, sz, kg = _packed(128, 256, 64)
+        assert native.gemv(torch.randn(1, 256, dtype=torch.bfloat16), p, sz, kg) is None
+    finally:
+        native.gemv_supported.cache_clear()

@@ -1,4 +1,5 @@
-"""The custom op against the dequantized reference, on both routes.
+"""The custom op against the dequantized reference, on every route: the packed-weight
+product (native where it builds, tinygemm where not) and dequantize + GEMM.
 
 Tolerance: max |out - ref| <= 1% of max |ref|, ref = x @ W_deq^T in fp32. Both routes
 produce bf16 (relative rounding 2^-8 = 0.4%) after fp32 accumulation in a different order.
@@ -29,7 +30,7 @@ def _weights(n, k, group):
 @pytest.mark.parametrize("n,k,group", [(576, 1536, 128), (1536, 576, 128), (960, 576, 64), (112, 256, 64),
                                        (576, 1536, 32), (960, 576, 32), (112, 256, 32)])
 @pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("threshold", [ops.DEFAULT_DEQUANT_THRESHOLD, ops.NEVER, 0])
+@pytest.mark.parametrize("threshold", [ops.DEFAULT_DEQUANT_THRESHOLD, ops.NEVER, 0, ops.AUTO])
 def test_gemm_matches_reference(n, k, group, rows, threshold):
     p, sz, kg, ref, _ = _weights(n, k, group)
     x = torch.randn(rows, k, dtype=torch.bfloat16)
@@ -89,3 +90,12 @@ def test_embedding_op_gathers_rows():
     out = ops.int4_embedding(ids, p, sz, kg)
     assert out.shape == (2, 3, 128)
     assert (out.float() - ref[ids]).abs().max() <= ref.abs().max() * 2 ** -8
+
+
+def test_auto_threshold_follows_the_kernel(monkeypatch):
+    from vllm_edge.quant import native
+
+    monkeypatch.setattr(native, "gemv_supported", lambda: False)
+    assert ops.auto_threshold() == ops.DEFAULT_DEQUANT_THRESHOLD
+    monkeypatch.setattr(native, "gemv_supported", lambda: True)
+    assert ops.auto_threshold() == ops.NEVER

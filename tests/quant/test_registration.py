@@ -27,3 +27,21 @@ def test_config_round_trip():
     assert cfg.group_size == 64 and not cfg.prefill_dequant and cfg.quantize_embedding
     assert CpuInt4Config.from_config(cfg.to_dict()).to_dict() == cfg.to_dict()
     assert CpuInt4Config.override_quantization_method({"quant_method": "cpu_int4"}, None) == "cpu_int4"
+
+
+def test_dequant_threshold_auto_and_bad_values():
+    import pytest
+
+    from vllm_edge.quant import ops
+    from vllm_edge.quant.config import CpuInt4Config
+
+    auto = CpuInt4Config.from_config({"quant_method": "cpu_int4", "group_size": 32})
+    assert auto.dequant_threshold == "auto" and auto.effective_threshold == ops.AUTO
+    assert auto.to_dict()["dequant_threshold"] == "auto"
+    assert CpuInt4Config.from_config({"quant_method": "cpu_int4", "group_size": 32,
+                                      "dequant_threshold": 48}).effective_threshold == 48
+    assert CpuInt4Config.from_config({"quant_method": "cpu_int4", "group_size": 32, "prefill_dequant": False,
+                                      "dequant_threshold": "auto"}).effective_threshold == ops.NEVER
+    for bad in (-1, "fast", 1.5, True):
+        with pytest.raises(ValueError, match="dequant_threshold must be an integer >= 0 or \"auto\""):
+            CpuInt4Config.from_config({"quant_method": "cpu_int4", "group_size": 32, "dequant_threshold": bad})

@@ -29,8 +29,10 @@ class CpuInt4Config(QuantizationConfig):
     - ``group_size``: input columns per (scale, zero) pair;
     - ``quantize_embedding``: the input embedding is stored and looked up in 4 bits;
     - ``prefill_dequant``: batches above ``dequant_threshold`` rows dequantize to bf16 and
-      run a bf16 GEMM (otherwise every batch uses tinygemm);
-    - ``dequant_threshold``: that row count;
+      run a bf16 GEMM (otherwise every batch runs the packed-weight product);
+    - ``dequant_threshold``: that row count, or ``"auto"`` (what the quantizer writes):
+      never dequantize where the native product runs (it matches dequantize + GEMM at 512
+      rows and needs no workspace), 48 rows where only tinygemm does (``ops.auto_threshold``);
     - ``direct_dequant``: dequantize straight from the packed tinygemm tensor (one
       resident copy). When false, or when the installed kernel's layout no longer
       matches the measured one, a plain copy is kept for dequantization.
@@ -47,7 +49,7 @@ class CpuInt4Config(QuantizationConfig):
 
     def __init__(self, group_size: int = 128, quantize_embedding: bool = True,
                  prefill_dequant: bool = True,
-                 dequant_threshold: int = ops.DEFAULT_DEQUANT_THRESHOLD,
+                 dequant_threshold: int | str = ops.AUTO_NAME,
                  direct_dequant: bool = True,
                  modules_to_not_convert: list[str] | None = None,
                  dequant_workspace_mb: int = ops.DEFAULT_WORKSPACE_MB,
@@ -58,15 +60,18 @@ class CpuInt4Config(QuantizationConfig):
                 f"cpu_int4: quantization_config.group_size={group_size!r} is not supported; "
                 f"expected one of {GROUP_SIZES}"
             )
-        if int(dequant_threshold) < 0:
-            raise ValueError(f"cpu_int4: dequant_threshold must be >= 0, got {dequant_threshold}")
+        auto = dequant_threshold == ops.AUTO_NAME
+        if not auto and (isinstance(dequant_threshold, bool) or not isinstance(dequant_threshold, int)
+                         or dequant_threshold < 0):
+            raise ValueError(f"cpu_int4: quantization_config.dequant_threshold must be an integer >= 0 "
+                             f"or \"{ops.AUTO_NAME}\", got {dequant_threshold!r}")
         if int(dequant_workspace_mb) < 1:
             raise ValueError(f"cpu_int4: dequant_workspace_mb must be >= 1, got {dequant_workspace_mb}")
         self.group_size = int(group_size)
         self.dequant_workspace_mb = int(dequant_workspace_mb)
         self.quantize_embedding = bool(quantize_embedding)
         self.prefill_dequant = bool(prefill_dequant)
-        self.dequant_threshold = int(dequant_threshold)
+        self.dequant_threshold: int | str = ops.AUTO_NAME if auto else int(dequant_threshold)
         self.direct_dequant = bool(direct_dequant)
         self.modules_to_not_convert = list(modules_to_not_convert or [])
         self.quantize_vision = None if quantize_vision is None else bool(quantize_vision)
@@ -96,7 +101,11 @@ class CpuInt4Config(QuantizationConfig):
 
     @property
     def effective_threshold(self) -> int:
-        return self.dequant_threshold if self.prefill_dequant else ops.NEVER
+        """The op's argument: ``ops.AUTO`` is resolved inside the op, so a compiled graph
+        does not depend on the CPU it was compiled on."""
+        if not self.prefill_dequant:
+            return ops.NEVER
+        return ops.AUTO if self.dequant_threshold == ops.AUTO_NAME else self.dequant_threshold
 
     @classmethod
     def get_name(cls) -> str:
@@ -130,8 +139,7 @@ class CpuInt4Config(QuantizationConfig):
             group_size=cls.get_from_keys(config, ["group_size"]),
             quantize_embedding=cls.get_from_keys_or(config, ["quantize_embedding"], True),
             prefill_dequant=cls.get_from_keys_or(config, ["prefill_dequant"], True),
-            dequant_threshold=cls.get_from_keys_or(
-                config, ["dequant_threshold"], ops.DEFAULT_DEQUANT_THRESHOLD),
+            dequant_threshold=cls.get_from_keys_or(config, ["dequant_threshold"], ops.AUTO_NAME),
             direct_dequant=cls.get_from_keys_or(config, ["direct_dequant"], True),
             modules_to_not_convert=cls.get_from_keys_or(config, ["modules_to_not_convert"], None),
             dequant_workspace_mb=cls.get_from_keys_or(

@@ -1,4 +1,9 @@
-"""The native dequantizer for the multi-row (prefill) route: ``csrc/int4_dequant.c``.
+"""The native int4 kernels: ``csrc/int4_gemv.c`` (the product for batches up to the
+dequantization threshold) and ``csrc/int4_dequant.c`` (the dequantizer for larger ones).
+
+The product (:func:`gemv`) reads the packed tinygemm tensor with AVX512-BF16 dot products:
+2.4-2.7x tinygemm's speed at one row on the 1B shapes, 40-47 GB/s of weights on two cores
+(docs/cpu-4bit.md). Without AVX512-BF16 it reports unsupported and tinygemm runs instead.
 
 The torch-op formulation (``pack.dequantize_packed_t``) costs ~2.5 ns per weight of CPU
 time (addcmul with int8 -> bf16 promotion, strided outputs), as much as the 512-row bf16
@@ -6,8 +11,8 @@ GEMM it feeds. The C kernel reads the packed tinygemm tensor once and writes row
 bf16 through a 16-entry lookup table per row and group: ~0.4 ns per weight here
 (docs/cpu-4bit.md). It is bit-identical to :func:`pack.dequantize_packed`.
 
-It is plain C without torch headers, built with the system C compiler on first use
-(about 0.3 s) and cached under ``$VLLM_EDGE_HOME/kernels``, keyed by the source, the
+Both are plain C without torch headers, built into one library with the system C compiler
+on first use (about 0.5 s) and cached under ``$VLLM_EDGE_HOME/kernels``, keyed by the source, the
 compiler, the flags and the CPU's ISA flags (``-march=native`` code must not run on
 another CPU sharing the cache). No compiler, or a failed build, means the torch-op route,
 logged once: slower, never wrong.
@@ -41,7 +46,7 @@ from pathlib import Path
 import torch
 
 logger = logging.getLogger("vllm_edge.quant")
-SOURCE = Path(__file__).with_name("csrc") / "int4_dequant.c"
+SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("int4_dequant.c", "int4_gemv.c"))
 BLOCK_N = 64
 _FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3", "-march=native"], ["-O3"])
 
@@ -68,7 +73,7 @@ def _build(cc: str, flags: list[str], out: Path) -> None:
     from vllm_edge import atomic
 
     with atomic.file_path(out) as tmp:
-        subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", str(tmp), str(SOURCE)],
+        subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", str(tmp), *map(str, SOURCES)],
                        check=True, capture_output=True, text=True, timeout=120)
 
 
@@ -89,9 +94,9 @@ def library() -> ctypes.CDLL | None:
         version = []
     errors = []
     for flags in _FLAG_SETS:
-        key = hashlib.sha256("\n".join([SOURCE.read_text(), cc, *version, *flags, platform.machine(),
-                                        _cpu_flags()]).encode()).hexdigest()[:16]
-        path = envs.home() / "kernels" / f"int4_dequant-{key}.so"
+        key = hashlib.sha256("\n".join([*(src.read_text() for src in SOURCES), cc, *version, *flags,
+                                        platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
+        path = envs.home() / "kernels" / f"int4-{key}.so"
         try:
             if not path.exists():
                 _build(cc, flags, path)
@@ -106,11 +111,15 @@ def library() -> ctypes.CDLL | None:
             fn = getattr(lib, name)
             fn.restype = None
             fn.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int64] * ints
-        lib.edge_int4_openmp.restype = ctypes.c_int
-        lib.edge_int4_openmp.argtypes = []
+        lib.edge_int4_gemv.restype = ctypes.c_int
+        lib.edge_int4_gemv.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5
+        for name in ("edge_int4_openmp", "edge_int4_gemv_supported"):
+            getattr(lib, name).restype = ctypes.c_int
+            getattr(lib, name).argtypes = []
         return lib
-    logger.warning("cpu_int4: building %s failed (%s); multi-row batches dequantize with torch "
-                   "ops (correct, slower)", SOURCE.name, " | ".join(errors))
+    logger.warning("cpu_int4: building %s failed (%s); small batches run on tinygemm and "
+                   "multi-row batches dequantize with torch ops (correct, slower)",
+                   " and ".join(src.name for src in SOURCES), " | ".join(errors))
     return None
 
 
@@ -119,6 +128,43 @@ def openmp() -> bool:
     """Whether the loaded kernel was built with OpenMP."""
     lib = library()
     return bool(lib is not None and lib.edge_int4_openmp())
+
+
+@functools.cache
+def gemv_supported() -> bool:
+    """Whether :func:`gemv` can run here: ``VLLM_EDGE_INT4_GEMV`` on, AVX512-BF16 code, and
+    an OpenMP build (a one-thread build would lose to tinygemm's threads). Logged once when
+    it cannot."""
+    from vllm_edge import envs
+
+    if not envs.get("VLLM_EDGE_INT4_GEMV"):
+        logger.info("cpu_int4: VLLM_EDGE_INT4_GEMV=0; small batches run on tinygemm")
+        return False
+    lib = library()
+    ok = bool(lib is not None and lib.edge_int4_gemv_supported() and lib.edge_int4_openmp())
+    if lib is not None and not ok:
+        logger.warning("cpu_int4: the native int4 product needs AVX512-BF16 and an OpenMP build; "
+                       "small batches run on tinygemm (correct, ~2.5x slower decode)")
+    return ok
+
+
+def gemv(x2: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, kgroup: int) -> torch.Tensor | None:
+    """``x2 @ W^T`` for bf16 ``x2`` [M, K] straight from the tinygemm-layout weight, on
+    torch's OpenMP team; ``None`` when the kernel cannot take it (no AVX512-BF16, N not a
+    multiple of 64, K not a multiple of 32, tensors not in the expected form)."""
+    if not gemv_supported() or x2.dtype != torch.bfloat16 or sz.dtype != torch.bfloat16:
+        return None
+    if not (packed.is_contiguous() and sz.is_contiguous()):
+        return None
+    x2 = x2.contiguous()
+    m, k = x2.shape
+    n = packed.shape[0]
+    if sz.shape[0] * kgroup != k:
+        return None
+    y = torch.empty(m, n, dtype=torch.bfloat16)
+    rc = library().edge_int4_gemv(packed.data_ptr(), sz.data_ptr(), x2.data_ptr(), y.data_ptr(),
+                                  m, n, k, kgroup, torch.get_num_threads())
+    return y if rc == 0 else None
 
 
 @functools.cache

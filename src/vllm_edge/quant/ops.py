@@ -1,10 +1,12 @@
 """The W4A16 linear as one vLLM custom op: ``torch.ops.vllm.edge_cpu_int4_linear``.
 
-tinygemm (``_weight_int4pack_mm_for_cpu``) dequantizes the weight once per activation
-row, so its cost grows with the row count; a dequantize-then-bf16-GEMM pays the
-dequantization once. The choice between them depends on the row count, and it is made
-*inside* an opaque custom op so dynamo never specialises or guards on the batch size.
-The fake impl only computes the output shape.
+Batches up to ``dequant_threshold`` rows run a product straight from the packed weight:
+our AVX512-BF16 kernel (``native.gemv``) where it builds, else tinygemm
+(``_weight_int4pack_mm_for_cpu``). Both unpack the weight once per pass, so their cost grows
+with the row count; above the threshold a dequantize-then-bf16-GEMM pays the unpacking
+once. The choice depends on the row count, and it is made *inside* an opaque custom op so
+dynamo never specialises or guards on the batch size. The fake impl only computes the
+output shape.
 """
 
 import threading
@@ -16,17 +18,28 @@ from vllm_edge.quant import native, pack
 
 OP_NAME = "edge_cpu_int4_linear"
 EMBED_OP_NAME = "edge_cpu_int4_embedding"
-# Rows above which dequantize-then-GEMM wins. With the native dequantizer (native.py) the
-# measured crossover is 32-64 rows at SmolLM2 and 1B shapes (docs/cpu-4bit.md); with the
-# torch-op fallback it was ~240, so a build without a C compiler loses some prefill speed.
+# Rows above which dequantize-then-GEMM beats tinygemm. With the native dequantizer
+# (native.py) the measured crossover is 32-64 rows at SmolLM2 and 1B shapes
+# (docs/cpu-4bit.md); with the torch-op fallback it was ~240, so a build without a C
+# compiler loses some prefill speed.
 DEFAULT_DEQUANT_THRESHOLD = 48
-NEVER = 1 << 62  # a threshold that keeps every batch on tinygemm
+NEVER = 1 << 62  # a threshold that keeps every batch on the packed-weight product
+# dequant_threshold "auto" (the quantizer's default), passed to the op as AUTO and
+# resolved there by auto_threshold().
+AUTO_NAME = "auto"
+AUTO = -1
 # Cap of the one reusable bf16 buffer the multi-row route dequantizes into (native.py).
 # 32 MB holds a whole 4096x4096 layer; larger ones run in chunks of output rows.
 DEFAULT_WORKSPACE_MB = 32
 
 _lock = threading.Lock()
 _registered = False
+
+
+def auto_threshold() -> int:
+    """The native product runs every batch size: at 512 rows it matches dequantize + bf16
+    GEMM on the 1B shapes and needs no workspace. tinygemm hands over at 48 rows."""
+    return NEVER if native.gemv_supported() else DEFAULT_DEQUANT_THRESHOLD
 
 
 def int4_linear_impl(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
@@ -37,6 +50,8 @@ def int4_linear_impl(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.
     k = x.shape[-1]
     n = scales_zeros.shape[1]
     x2 = x.reshape(-1, k)
+    if dequant_threshold < 0:
+        dequant_threshold = auto_threshold()
     if x2.shape[0] > dequant_threshold:
         if plain is not None:
             w = pack.dequantize_plain(plain, plain_scale, plain_zero, plain_group, dtype=x.dtype)
@@ -46,8 +61,10 @@ def int4_linear_impl(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.
             if out is None:  # no native kernel (logged once) or not bf16
                 out = torch.matmul(x2, pack.dequantize_packed_t(packed, scales_zeros, group_size, dtype=x.dtype))
     else:
-        sz = scales_zeros if scales_zeros.dtype == x.dtype else scales_zeros.to(x.dtype)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), packed, group_size, sz)
+        out = native.gemv(x2, packed, scales_zeros, group_size)
+        if out is None:
+            sz = scales_zeros if scales_zeros.dtype == x.dtype else scales_zeros.to(x.dtype)
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), packed, group_size, sz)
     return out.view(*x.shape[:-1], n)
 
 

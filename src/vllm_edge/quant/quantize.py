@@ -286,7 +286,7 @@ def _default_reason(name: str, shape: tuple[int, ...], embedding: bool) -> str:
     return f"input size {shape[1]} is odd"
 
 
-def _default_threshold() -> int:
-    from vllm_edge.quant.ops import DEFAULT_DEQUANT_THRESHOLD
+def _default_threshold() -> str:
+    from vllm_edge.quant.ops import AUTO_NAME
 
-    return DEFAULT_DEQUANT_THRESHOLD
+    return AUTO_NAME

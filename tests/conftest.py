@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import gc
+import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+_MP = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
 @pytest.fixture(scope="session")
@@ -15,3 +18,32 @@ def default_model_dir() -> Path:
     from vllm_edge.models import default
 
     return default.prepare("default", progress=False)
+
+
+def _run_llm(fn, **llm_kwargs):
+    from vllm import LLM
+    from vllm.distributed import cleanup_dist_env_and_memory
+
+    old = os.environ.get(_MP)
+    os.environ[_MP] = "0"  # one process: apply_model reaches the model, and cleanup frees it
+    try:
+        llm = LLM(**llm_kwargs)
+        try:
+            return fn(llm)
+        finally:
+            del llm  # the only reference, so the collection below frees the engine
+    finally:
+        gc.collect()
+        cleanup_dist_env_and_memory()
+        if old is None:
+            os.environ.pop(_MP, None)
+        else:
+            os.environ[_MP] = old
+
+
+@pytest.fixture(scope="session")
+def run_llm():
+    """``run_llm(fn, **llm_kwargs)``: build ``vllm.LLM(**llm_kwargs)`` in this process, return
+    ``fn(llm)``, then tear the engine down and free its memory (also on error), so the next
+    engine or a reference model starts clean. ``fn`` must not keep ``llm``."""
+    return _run_llm

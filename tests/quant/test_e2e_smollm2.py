@@ -5,9 +5,6 @@ One engine at a time (2-core machine): the fixture runs bf16, tears it down, the
 
 from __future__ import annotations
 
-import gc
-import os
-
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -26,39 +23,27 @@ PROMPTS = [
 MAX_TOKENS = 24
 
 
-def _generate(model_dir):
-    from vllm import LLM, SamplingParams
-    from vllm.distributed import cleanup_dist_env_and_memory
+def _generate(run_llm, model_dir):
+    from vllm import SamplingParams
 
-    llm = LLM(model=str(model_dir), enforce_eager=True, max_model_len=512,
-              kv_cache_memory_bytes=64 << 20, dtype="bfloat16", seed=0)
-    try:
+    def use(llm):
         convs = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": p}] for p in PROMPTS]
         outs = llm.chat(convs, SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)
         modes = llm.apply_model(lambda m: sorted({getattr(x, "cpu_int4_mode", "-") for x in m.modules()}))
         return [(list(o.outputs[0].token_ids), o.outputs[0].text) for o in outs], modes[0]
-    finally:
-        del llm
-        gc.collect()
-        cleanup_dist_env_and_memory()
+
+    return run_llm(use, model=str(model_dir), enforce_eager=True, max_model_len=512,
+                   kv_cache_memory_bytes=64 << 20, dtype="bfloat16", seed=0)
 
 
 @pytest.fixture(scope="session")
-def smollm2_runs(default_model_dir, tmp_path_factory):
+def smollm2_runs(default_model_dir, tmp_path_factory, run_llm):
     from vllm_edge.quant.quantize import quantize_model
 
-    old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # one process: apply_model + cleanup
-    try:
-        q_dir = quantize_model(default_model_dir, tmp_path_factory.mktemp("q") / "smollm2-int4",
-                               group=64, progress=False)
-        ref, _ = _generate(default_model_dir)
-        cand, modes = _generate(q_dir)
-    finally:
-        if old is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
+    q_dir = quantize_model(default_model_dir, tmp_path_factory.mktemp("q") / "smollm2-int4",
+                           group=64, progress=False)
+    ref, _ = _generate(run_llm, default_model_dir)
+    cand, modes = _generate(run_llm, q_dir)
     return ref, cand, modes
 
 

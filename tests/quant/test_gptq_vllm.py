@@ -7,9 +7,7 @@ from the packed checkpoint, run after the engine is torn down.
 
 from __future__ import annotations
 
-import gc
 import json
-import os
 
 import pytest
 import torch
@@ -48,10 +46,9 @@ def _reference_logprobs(q_dir, ids):
 
 
 @pytest.fixture(scope="module")
-def gptq_run(default_model_dir):
+def gptq_run(default_model_dir, run_llm):
     from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
-    from vllm.distributed import cleanup_dist_env_and_memory
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from vllm_edge.models import default
@@ -66,35 +63,26 @@ def gptq_run(default_model_dir):
     block = kv_budget_for(cfg, 128, 1, "bfloat16", 128).flat_bytes // 2  # one 128-token block
     edge = edge_engine(q_dir, max_model_len=512, max_num_seqs=1, enforce_eager=True,
                        kv_cache_memory_bytes=(64 << 20) + block)
-    old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # one process: apply_model + cleanup
-    try:
-        llm = LLM(**edge.kwargs, seed=0)
+
+    def describe(m):
+        out = {}
+        for name in ("model.layers.0.self_attn.qkv_proj", "model.layers.0.mlp.down_proj", "lm_head"):
+            mod = m.get_submodule(name)
+            qm = mod.quant_method
+            out[name] = {"method": type(qm).__name__,
+                         "kernel": type(getattr(qm, "kernel", None)).__name__,
+                         "w4a8": getattr(mod, "use_w4a8", None), "isa": getattr(mod, "isa_hint", None)}
+        out["embed"] = type(m.get_submodule("model.embed_tokens").quant_method).__name__
+        return out
+
+    def use(llm):
         first = llm.generate(TokensPrompt(prompt_token_ids=ids),
                              SamplingParams(temperature=0, max_tokens=1, logprobs=5), use_tqdm=False)[0]
         answer = llm.generate(TokensPrompt(prompt_token_ids=ids),
                               SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0]
+        return first, answer, llm.apply_model(describe)[0]
 
-        def describe(m):
-            out = {}
-            for name in ("model.layers.0.self_attn.qkv_proj", "model.layers.0.mlp.down_proj", "lm_head"):
-                mod = m.get_submodule(name)
-                qm = mod.quant_method
-                out[name] = {"method": type(qm).__name__,
-                             "kernel": type(getattr(qm, "kernel", None)).__name__,
-                             "w4a8": getattr(mod, "use_w4a8", None), "isa": getattr(mod, "isa_hint", None)}
-            out["embed"] = type(m.get_submodule("model.embed_tokens").quant_method).__name__
-            return out
-
-        layers = llm.apply_model(describe)[0]
-        del llm
-    finally:
-        gc.collect()
-        cleanup_dist_env_and_memory()
-        if old is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
+    first, answer, layers = run_llm(use, **edge.kwargs, seed=0)
     ref = _reference_logprobs(q_dir, ids)
     return first.outputs[0], answer.outputs[0].text, layers, ref
 

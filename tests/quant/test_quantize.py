@@ -98,3 +98,46 @@ def test_every_group_flag_takes_32_and_refuses_96(argv, capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args([*argv, "--group", "96"])
     assert "invalid choice: 96" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("quantize_embedding", [True, False])
+def test_tied_table_is_quantized_once_and_written_under_both_names(tiny_llama, tmp_path,
+                                                                    monkeypatch, quantize_embedding):
+    from safetensors import safe_open
+
+    with safe_open(str(tiny_llama / "model.safetensors"), framework="pt") as f:
+        table = f.get_tensor("model.embed_tokens.weight")
+    real = pack.quantize
+    inputs = []
+
+    def counting(w, *a, **k):  # still the real quantizer
+        inputs.append(w.clone())
+        return real(w, *a, **k)
+
+    monkeypatch.setattr(pack, "quantize", counting)
+    dst = quantize_model(tiny_llama, tmp_path / "q", group=32, progress=False,
+                         quantize_embedding=quantize_embedding)
+    # 7 linears + the table once, whether it is written under one name or two
+    assert len(inputs) == 8
+    assert sum(torch.equal(w, table) for w in inputs) == 1
+
+    q, scale, zero = real(table, 32)
+    expect = {"weight_packed": pack.pack_nibbles(q), "weight_scale": scale, "weight_zero": zero}
+    with safe_open(str(dst / "model.safetensors"), framework="pt") as f:
+        head = {s: f.get_tensor(f"lm_head.{s}") for s in expect}
+        if quantize_embedding:
+            emb = {s: f.get_tensor(f"model.embed_tokens.{s}") for s in expect}
+        else:
+            assert torch.equal(f.get_tensor("model.embed_tokens.weight"), table)
+    for s, v in expect.items():
+        assert torch.equal(head[s], v), s
+        if quantize_embedding:
+            assert torch.equal(emb[s], v), s
+    rows = {r["name"]: r for r in json.loads((dst / REPORT_NAME).read_text())["tensors"]}
+    assert rows["lm_head.weight"]["tied_head_copy"] is True
+    if quantize_embedding:
+        e, h = rows["model.embed_tokens.weight"], rows["lm_head.weight"]
+        assert (e["snr_db"], e["bits_per_weight"]) == (h["snr_db"], h["bits_per_weight"])
+        assert e["tied_head_copy"] is False
+    else:
+        assert "model.embed_tokens.weight" not in rows

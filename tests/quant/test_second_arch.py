@@ -14,9 +14,7 @@ dropped Qwen2's biases, std 0.5) could not pass.
 
 from __future__ import annotations
 
-import gc
 import json
-import os
 
 import pytest
 import torch
@@ -62,38 +60,28 @@ def _reference_logprobs(model_dir, ids, *, quantized: bool):
         return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
 
 
-def _run_vllm(q_dir, ids):
-    from vllm import LLM, SamplingParams
-    from vllm.distributed import cleanup_dist_env_and_memory
+def _run_vllm(run_llm, q_dir, ids):
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from vllm_edge.runtime.engine import edge_engine
 
     edge = edge_engine(q_dir, max_model_len=512, max_num_seqs=1, enforce_eager=True,
                        enable_prefix_caching=False)
-    old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # one process: apply_model + cleanup
-    try:
-        llm = LLM(**edge.kwargs, seed=0)
+
+    def describe(m):
+        return {name: (type(mod.quant_method).__name__, getattr(mod, "cpu_int4_mode", None),
+                       getattr(mod, "bias", None) is not None)
+                for name, mod in m.named_modules()
+                if hasattr(mod, "quant_method") and name.count(".") <= 4}
+
+    def use(llm):
         out = llm.generate(TokensPrompt(prompt_token_ids=ids),
                            SamplingParams(temperature=0, max_tokens=GEN, logprobs=1, prompt_logprobs=0,
                                           ignore_eos=True), use_tqdm=False)[0]
+        return out, llm.apply_model(describe)[0]
 
-        def describe(m):
-            return {name: (type(mod.quant_method).__name__, getattr(mod, "cpu_int4_mode", None),
-                           getattr(mod, "bias", None) is not None)
-                    for name, mod in m.named_modules()
-                    if hasattr(mod, "quant_method") and name.count(".") <= 4}
-
-        layers = llm.apply_model(describe)[0]
-        del llm
-    finally:
-        gc.collect()
-        cleanup_dist_env_and_memory()
-        if old is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
+    out, layers = run_llm(use, **edge.kwargs, seed=0)
     prompt_lp = [None] + [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:])]
     gen = list(out.outputs[0].token_ids)
     gen_lp = [d[t].logprob for d, t in zip(out.outputs[0].logprobs, gen)]
@@ -101,7 +89,7 @@ def _run_vllm(q_dir, ids):
 
 
 @pytest.fixture(scope="module", params=["qwen2", "qwen3"])
-def arch_run(request, default_model_dir, tmp_path_factory):
+def arch_run(request, default_model_dir, tmp_path_factory, run_llm):
     from vllm_edge.models import synthetic
     from vllm_edge.quant.quantize import quantize_model
 
@@ -111,7 +99,7 @@ def arch_run(request, default_model_dir, tmp_path_factory):
                           tokenizer_from=default_model_dir, progress=False)
     q_dir = quantize_model(src, root / "int4", group=64, progress=False)
     ids = torch.randint(1000, 40000, (PROMPT_LEN,), generator=torch.Generator().manual_seed(1)).tolist()
-    prompt_lp, gen, gen_lp, layers = _run_vllm(q_dir, ids)
+    prompt_lp, gen, gen_lp, layers = _run_vllm(run_llm, q_dir, ids)
     full = ids + gen
     ref = _reference_logprobs(q_dir, full, quantized=True)
     orig = _reference_logprobs(src, full, quantized=False)

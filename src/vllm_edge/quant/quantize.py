@@ -2,9 +2,10 @@
 
 Every 2-D weight (the linears, the embedding, the head) becomes ``weight_packed`` /
 ``weight_scale`` / ``weight_zero`` (see :mod:`.pack`). A head tied to the embedding is
-untied and quantized on its own, so it never falls back to bf16. The directory is
-written atomically, with ``quantization_report.json`` (per-tensor SNR and bits per
-weight).
+untied into its own tensors, so it never falls back to bf16; when the embedding is
+quantized too, the shared table is quantized once and written under both names. The
+directory is written atomically, with ``quantization_report.json`` (per-tensor SNR and
+bits per weight).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import math
 import shutil
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -210,6 +212,13 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
     out: dict[str, torch.Tensor] = {}
     report: list[dict[str, Any]] = []
     names = sorted(refs)
+    encode = _encode_gptq if scheme == "gptq" else _encode_cpu_int4
+    # An untied head is the embedding's source tensor under a second name. Scheme, group
+    # and clipping are fixed for the whole call, so when both names are quantized the
+    # result is identical: encode it once and write it under both (the tensors it holds
+    # are in ``out`` already, so keeping them here costs no memory).
+    shared = {r for r, n in Counter(refs.values()).items() if n > 1}
+    done: dict[tuple[Path, str], tuple[dict[str, torch.Tensor], float, float]] = {}
     with tqdm(total=len(names), desc=f"quantize {scheme} g{group}", unit="tensor",
               disable=not progress) as bar:
         for name in names:
@@ -219,15 +228,24 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
                 bar.update(1)
                 continue
             base = name[: -len(".weight")]
-            tensors, deq = (_encode_gptq if scheme == "gptq" else _encode_cpu_int4)(t, group)
+            if refs[name] in done:
+                tensors, snr, bpw = done[refs[name]]
+                # safetensors refuses to write tensors that share storage
+                tensors = {suffix: v.clone() for suffix, v in tensors.items()}
+            else:
+                tensors, deq = encode(t, group)
+                snr = round(snr_db(t, deq), 3)
+                bits = sum(v.numel() * v.element_size() * 8 for v in tensors.values())
+                bpw = round(bits / t.numel(), 4)
+                if refs[name] in shared:
+                    done[refs[name]] = (tensors, snr, bpw)
+                del deq
             out.update({f"{base}.{suffix}": v for suffix, v in tensors.items()})
-            bits = sum(v.numel() * v.element_size() * 8 for v in tensors.values())
             report.append({
-                "name": name, "shape": list(t.shape), "snr_db": round(snr_db(t, deq), 3),
-                "bits_per_weight": round(bits / t.numel(), 4),
+                "name": name, "shape": list(t.shape), "snr_db": snr, "bits_per_weight": bpw,
                 "tied_head_copy": untied and name == head_name,
             })
-            del t, tensors, deq
+            del t, tensors
             bar.update(1)
 
     qcfg = gptq.quantization_config(group) if scheme == "gptq" else {

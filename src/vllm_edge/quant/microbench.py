@@ -1,5 +1,10 @@
 """Batch-1 (and batch-M) timing of the cpu_int4 op against a bf16 linear, interleaved.
 
+Arms: ``int4_op`` (the op as configured by the quantizer, ``dequant_threshold: "auto"``),
+its routes alone (``native_product``, ``tinygemm``, ``dequant_gemm``), ``bf16`` (an
+unpacked ``F.linear``) and ``bf16_onednn`` (vLLM's prepacked oneDNN linear, what its bf16
+CPU path runs).
+
 ``python -m vllm_edge.quant.microbench`` writes benchmarks/results/cpu_int4_microbench.json.
 Arms alternate inside every pass so load swings hit both; medians and ratios are reported,
 of wall time and of process CPU time (less hurt by descheduling on a shared host).
@@ -53,6 +58,17 @@ def profile_multi_row(p, sz, kg, x, reps: int = 5) -> dict:
     return out
 
 
+def _onednn(w: torch.Tensor):
+    """vLLM's prepacked bf16 linear for ``w`` [N, K], or None where vLLM's _C lacks it."""
+    try:
+        from vllm import _custom_ops as vops
+
+        handler = vops.create_onednn_mm(w.t(), 32)
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+    return lambda x: vops.onednn_mm(handler, x, None)
+
+
 def run(rows=(1, 4, 8, 64, 512), passes: int = 7, group: int = 128, threads: int = 2,
         shapes: list[str] | None = None, profile: bool = False,
         table: dict | None = None) -> dict:
@@ -69,16 +85,21 @@ def run(rows=(1, 4, 8, 64, 512), passes: int = 7, group: int = 128, threads: int
         sz = pack.scales_and_zeros(s, z, group, k, kg)
         pack.repack_(p)
         wb = pack.dequantize_packed(p, sz, kg).contiguous()
+        onednn = _onednn(wb)
         for m in rows:
             if m > 8 and n > 16384:
                 continue  # the head only sees one row per sequence
             x = torch.randn(m, k, dtype=torch.bfloat16)
             arms = {
-                "int4_op": lambda: ops.int4_linear(x, p, sz, kg, ops.DEFAULT_DEQUANT_THRESHOLD),
+                "int4_op": lambda: ops.int4_linear(x, p, sz, kg, ops.AUTO),
                 "tinygemm": lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, p, kg, sz),
                 "dequant_gemm": lambda: ops.int4_linear(x, p, sz, kg, 0),
                 "bf16": lambda: torch.nn.functional.linear(x, wb),
             }
+            if native.gemv(x, p, sz, kg) is not None:
+                arms["native_product"] = lambda: native.gemv(x, p, sz, kg)
+            if onednn is not None:
+                arms["bf16_onednn"] = lambda: onednn(x)
             reps = max(1, min(50, int(2e9 / (n * k * m))))
             samples: dict[str, list[float]] = {a: [] for a in arms}
             cpu: dict[str, list[float]] = {a: [] for a in arms}
@@ -100,13 +121,16 @@ def run(rows=(1, 4, 8, 64, 512), passes: int = 7, group: int = 128, threads: int
                 "bf16_over_int4_op": round(med["bf16"] / med["int4_op"], 2),
                 "bf16_over_int4_op_cpu": round(statistics.median(cpu["bf16"]) / statistics.median(cpu["int4_op"]), 2),
             })
+            if "bf16_onednn" in med:
+                results[-1]["bf16_onednn_over_int4_op"] = round(med["bf16_onednn"] / med["int4_op"], 2)
             if profile and m == max(rows) and m > ops.DEFAULT_DEQUANT_THRESHOLD:
                 results[-1]["profile_multi_row"] = profile_multi_row(p, sz, kg, x)
                 print(f"{'':>18} profile: {results[-1]['profile_multi_row']}", flush=True)
             print(f"{label:>18} rows={m:<4} " + " ".join(f"{a}={v:9.1f}us" for a, v in med.items())
                   + f"  bf16/int4={results[-1]['bf16_over_int4_op']} (cpu {results[-1]['bf16_over_int4_op_cpu']})",
                   flush=True)
-    return {"passes": passes, "threads": threads, "dequant_threshold": ops.DEFAULT_DEQUANT_THRESHOLD,
+    return {"passes": passes, "threads": threads, "dequant_threshold": ops.auto_threshold(),
+            "native_product": native.gemv_supported(),
             "workspace_mb": ops.DEFAULT_WORKSPACE_MB, "native_dequant": native.library() is not None,
             "results": results}
 

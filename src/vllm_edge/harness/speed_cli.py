@@ -171,7 +171,7 @@ def add_profile_commands(sub: "argparse._SubParsersAction") -> None:
     s.add_argument("--model", default="default", help="'default', an embedded key, or a model directory")
     s.add_argument("--quant", choices=("cpu_int4", "gptq"), default=None,
                    help="run the embedded model's quantized build (made once and cached)")
-    s.add_argument("--group", type=int, choices=(64, 128), default=64, help="group size for --quant")
+    s.add_argument("--group", type=int, choices=GROUPS, default=DEFAULT_GROUP, help="group size for --quant")
     s.add_argument("--dtype", default="bfloat16")
     s.add_argument("--prompt-len", type=int, default=512, help="prefill tokens (default 512)")
     s.add_argument("--decode-tokens", type=int, default=32,

@@ -21,6 +21,7 @@ import torch
 
 from vllm_edge.harness.timing import per_call_us as _time
 from vllm_edge.quant import native, ops, pack
+from vllm_edge.quant.groups import DEFAULT_GROUP
 
 SHAPES = {"gate_up 1536x576": (1536, 576), "down 576x1536": (576, 1536),
           "head 49152x576": (49152, 576), "4096x4096": (4096, 4096),
@@ -146,7 +147,7 @@ def main() -> None:
                     help="lm: SmolLM2, 4096 and 1B shapes at 1-512 rows; vision: the VLM's vision "
                          "tower at 1024 rows (one image tile)")
     ap.add_argument("--rows", default=None, help="activation rows, comma-separated (default: the set's)")
-    ap.add_argument("--group", type=int, default=128)
+    ap.add_argument("--group", type=int, choices=pack.KERNEL_GROUPS, default=DEFAULT_GROUP)
     ap.add_argument("--shapes", default=None, help="substrings of shape labels to run (default: all)")
     ap.add_argument("--profile", action="store_true",
                     help="torch.profiler breakdown of the multi-row route at the largest row count")

@@ -14,7 +14,7 @@ from pathlib import Path
 import sys
 
 from vllm_edge.harness import speed
-from vllm_edge.quant.groups import DEFAULT_GROUP
+from vllm_edge.quant.groups import DEFAULT_GROUP, GROUPS
 
 
 def config_from_args(args: argparse.Namespace) -> speed.SpeedConfig:
@@ -82,8 +82,6 @@ def _bench_subparsers(sub: "argparse._SubParsersAction") -> "argparse._SubParser
 
 
 def add_speed_commands(sub: "argparse._SubParsersAction") -> None:
-    from vllm_edge.quant.groups import GROUPS
-
     s = _bench_subparsers(sub).add_parser(
         "speed", help="llama-bench-style pp/tg throughput (best and median over reps)",
         description="pp: a --prompt-len prompt with max_tokens=1. tg: --tg-tokens tokens with "

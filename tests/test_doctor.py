@@ -86,3 +86,14 @@ def test_doctor_shows_the_norm_provider_and_whether_it_is_in_the_default_priorit
     assert {"rms_norm:edge_cpu", "fused_add_rms_norm:edge_cpu"} <= names
     text = run_cli("doctor", timeout=300).stdout
     assert "not in the default priority" in text and "--ir-op-priority" in text
+
+
+def test_doctor_names_the_cpu_int4_kernels():
+    from vllm_edge.quant import native
+
+    proc = run_cli("doctor", "--json", timeout=300)
+    kernels = json.loads(proc.stdout)["cpu_int4_kernels"]
+    product = {"avx512_bf16", "avx512vbmi"} <= set(native._cpu_flags().split())
+    assert kernels["small_batches"].startswith("native product" if product else "tinygemm")
+    off = run_cli("doctor", env={"VLLM_EDGE_INT4_GEMV": "0"}, timeout=300)
+    assert "cpu_int4 kernels: batches up to the dequantization threshold -> tinygemm" in off.stdout

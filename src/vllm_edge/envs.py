@@ -94,7 +94,8 @@ _declare(
 )
 _declare(
     "VLLM_EDGE_INT4_OPENMP", "bool", False,
-    "cpu_int4 prefill: split the native dequantization over torch's own OpenMP team "
+    "cpu_int4 prefill on the dequantize route (no AVX512-BF16, VLLM_EDGE_INT4_GEMV=0, or an "
+    "integer dequant_threshold): split the native dequantization over torch's own OpenMP team "
     "(quant/native.py, needs the -fopenmp build) instead of Python threads. Read once per process.",
     "Off until an end-to-end A/B on a quiet host ranks it. On a contended 2-core host a "
     "2-thread microbenchmark of the four SmolLM2 linears at 512 rows gave 387 vs 236 ms wall "

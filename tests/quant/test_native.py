@@ -200,8 +200,8 @@ def test_embedding_op_uses_the_native_gather(lib):
 
 @pytest.fixture(scope="module")
 def gemv_lib(lib):
-    if "avx512_bf16" not in native._cpu_flags().split():
-        pytest.skip("this CPU has no AVX512-BF16: small batches run on tinygemm (tested in test_ops)")
+    if not {"avx512_bf16", "avx512vbmi"} <= set(native._cpu_flags().split()):
+        pytest.skip("this CPU lacks AVX512-BF16 or VBMI: small batches run on tinygemm (tested in test_ops)")
     assert native.gemv_supported(), "AVX512-BF16 and gcc -fopenmp are here: the product should build"
     return lib
 

@@ -3,7 +3,7 @@ dequantization threshold) and ``csrc/int4_dequant.c`` (the dequantizer for large
 
 The product (:func:`gemv`) reads the packed tinygemm tensor with AVX512-BF16 dot products:
 2.4-2.7x tinygemm's speed at one row on the 1B shapes, 40-47 GB/s of weights on two cores
-(docs/cpu-4bit.md). Without AVX512-BF16 it reports unsupported and tinygemm runs instead.
+(docs/cpu-4bit.md). Without AVX512-BF16 and VBMI it reports unsupported and tinygemm runs instead.
 
 The torch-op formulation (``pack.dequantize_packed_t``) costs ~2.5 ns per weight of CPU
 time (addcmul with int8 -> bf16 promotion, strided outputs), as much as the 512-row bf16
@@ -132,7 +132,7 @@ def openmp() -> bool:
 
 @functools.cache
 def gemv_supported() -> bool:
-    """Whether :func:`gemv` can run here: ``VLLM_EDGE_INT4_GEMV`` on, AVX512-BF16 code, and
+    """Whether :func:`gemv` can run here: ``VLLM_EDGE_INT4_GEMV`` on, AVX512-BF16 and VBMI code, and
     an OpenMP build (a one-thread build would lose to tinygemm's threads). Logged once when
     it cannot."""
     from vllm_edge import envs
@@ -143,14 +143,14 @@ def gemv_supported() -> bool:
     lib = library()
     ok = bool(lib is not None and lib.edge_int4_gemv_supported() and lib.edge_int4_openmp())
     if lib is not None and not ok:
-        logger.warning("cpu_int4: the native int4 product needs AVX512-BF16 and an OpenMP build; "
+        logger.warning("cpu_int4: the native int4 product needs AVX512-BF16, VBMI and an OpenMP build; "
                        "small batches run on tinygemm (correct, ~2.5x slower decode)")
     return ok
 
 
 def gemv(x2: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, kgroup: int) -> torch.Tensor | None:
     """``x2 @ W^T`` for bf16 ``x2`` [M, K] straight from the tinygemm-layout weight, on
-    torch's OpenMP team; ``None`` when the kernel cannot take it (no AVX512-BF16, N not a
+    torch's OpenMP team; ``None`` when the kernel cannot take it (no AVX512-BF16/VBMI, N not a
     multiple of 64, K not a multiple of 32, tensors not in the expected form)."""
     if not gemv_supported() or x2.dtype != torch.bfloat16 or sz.dtype != torch.bfloat16:
         return None
@@ -165,6 +165,20 @@ def gemv(x2: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, kgroup: int) 
     rc = library().edge_int4_gemv(packed.data_ptr(), sz.data_ptr(), x2.data_ptr(), y.data_ptr(),
                                   m, n, k, kgroup, torch.get_num_threads())
     return y if rc == 0 else None
+
+
+def describe() -> dict:
+    """Which cpu_int4 kernels run in this process, for ``vllm-edge doctor``."""
+    lib = library()
+    product = gemv_supported()
+    return {
+        "library": getattr(lib, "_name", None),
+        "small_batches": "native product (quant/csrc/int4_gemv.c)" if product else "tinygemm",
+        "large_batches": ("native product" if product else
+                          "native dequantize + bf16 GEMM" if lib is not None else
+                          "torch-op dequantize + bf16 GEMM"),
+        "auto_threshold_rows": None if product else 48,
+    }
 
 
 @functools.cache

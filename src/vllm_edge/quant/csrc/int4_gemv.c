@@ -19,7 +19,7 @@
  * the two-FMA group epilogue each shaved time; 6 rows per pass instead of 4, or unpacking
  * each group once into an L1 tile for all row chunks, did not.
  *
- * Without AVX512-BF16 edge_int4_gemv_supported() is 0 and the caller keeps tinygemm.
+ * Without AVX512-BF16 and VBMI edge_int4_gemv_supported() is 0 and the caller keeps tinygemm.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -129,7 +129,8 @@ static inline __attribute__((always_inline)) void gemv_blocks_m(
 
 /* Y (bf16 [M, N], row stride N) = X (bf16 [M, K]) W^T on `threads` OpenMP threads.
    Rows of X run in chunks of GEMV_MAX_M per 64-row block, so the block (K * 32 bytes) is
-   read from memory once and from cache for the other chunks. Returns 0 on success, -1 if unsupported (no AVX512-BF16, N % 64 != 0, K % 32 != 0); the caller then
+   read from memory once and from cache for the other chunks. Returns 0 on success, -1 if
+   unsupported (no AVX512-BF16/VBMI, N % 64 != 0, K % 32 != 0); the caller then
    uses tinygemm. */
 int edge_int4_gemv(const uint8_t* packed, const uint16_t* sz, const uint16_t* x, uint16_t* y,
                    int64_t M, int64_t n, int64_t k, int64_t kg, int64_t threads) {

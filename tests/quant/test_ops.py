@@ -99,3 +99,28 @@ def test_auto_threshold_follows_the_kernel(monkeypatch):
     assert ops.auto_threshold() == ops.DEFAULT_DEQUANT_THRESHOLD
     monkeypatch.setattr(native, "gemv_supported", lambda: True)
     assert ops.auto_threshold() == ops.NEVER
+
+
+def test_auto_falls_back_per_layer(monkeypatch):
+    """A layer the product refuses (N=112, a 48-row tail block) still dequantizes above 48
+    rows under "auto" instead of running tinygemm at 512 rows; with a plain copy (a packing
+    that differs from the measured one) the product is never asked."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from vllm_edge.quant import native
+
+    p, sz, kg, ref, plain = _weights(112, 256, 64)
+    x = torch.randn(512, 256, dtype=torch.bfloat16)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = ops.int4_linear(x, p, sz, kg, ops.AUTO)
+    assert "aten::_weight_int4pack_mm_for_cpu" not in {e.key for e in prof.key_averages()}
+    assert (out.float() - x.float() @ ref.t()).abs().max() <= 0.01 * (x.float() @ ref.t()).abs().max()
+
+    asked = []
+    monkeypatch.setattr(native, "gemv", lambda *a: asked.append(a) or None)
+    p, sz, kg, ref, plain = _weights(128, 256, 64)
+    for rows in (1, 512):
+        x = torch.randn(rows, 256, dtype=torch.bfloat16)
+        out = ops.int4_linear(x, p, sz, kg, ops.AUTO, *plain, 64)
+        assert (out.float() - x.float() @ ref.t()).abs().max() <= 0.01 * (x.float() @ ref.t()).abs().max()
+    assert asked == []

@@ -170,15 +170,18 @@ def gemv(x2: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, kgroup: int) 
 
 def describe() -> dict:
     """Which cpu_int4 kernels run in this process, for ``vllm-edge doctor``."""
+    from vllm_edge.quant import ops  # ops imports this module
+
     lib = library()
     product = gemv_supported()
+    threshold = ops.auto_threshold()
     return {
         "library": getattr(lib, "_name", None),
         "small_batches": "native product (quant/csrc/int4_gemv.c)" if product else "tinygemm",
         "large_batches": ("native product" if product else
                           "native dequantize + bf16 GEMM" if lib is not None else
                           "torch-op dequantize + bf16 GEMM"),
-        "auto_threshold_rows": None if product else 48,
+        "auto_threshold_rows": None if threshold == ops.NEVER else threshold,
     }
 
 

@@ -60,9 +60,7 @@ def int4_linear_impl(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.
     # with a plain copy (kept because the installed packing differs from it).
     if plain is None and (auto or x2.shape[0] <= dequant_threshold):
         out = native.gemv(x2, packed, scales_zeros, group_size)
-    if out is not None:
-        pass
-    elif x2.shape[0] > dequant_threshold:
+    if out is None and x2.shape[0] > dequant_threshold:
         if plain is not None:
             w = pack.dequantize_plain(plain, plain_scale, plain_zero, plain_group, dtype=x.dtype)
             out = torch.nn.functional.linear(x2, w)
@@ -70,7 +68,7 @@ def int4_linear_impl(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.
             out = native.linear(x2, packed, scales_zeros, group_size, workspace_mb << 20)
             if out is None:  # no native kernel (logged once) or not bf16
                 out = torch.matmul(x2, pack.dequantize_packed_t(packed, scales_zeros, group_size, dtype=x.dtype))
-    else:
+    elif out is None:
         sz = scales_zeros if scales_zeros.dtype == x.dtype else scales_zeros.to(x.dtype)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), packed, group_size, sz)
     return out.view(*x.shape[:-1], n)

@@ -57,73 +57,76 @@ static inline float group_sum(const uint16_t* v, int64_t kg) {
   return _mm512_reduce_add_ps(_mm512_add_ps(a, b));
 }
 
-/* Blocks [b0, b1) for M rows of X (M <= GEMV_MAX_M); sx[m * groups + g] = sum of group g of x_m. */
-static inline __attribute__((always_inline)) void gemv_blocks_m(
-    const uint8_t* packed, const uint16_t* sz, const uint16_t* x, const float* sx, uint16_t* y,
-    int64_t n, int64_t k, int64_t kg, int64_t b0, int64_t b1, const int M) {
-  /* word 2j = byte j (row j at k), word 2j+1 = byte 32+j (row j at k+1), zero high bytes */
+/* Byte-permute indices for the two halves of a block's 64-byte load: word 2j = byte j (row
+   j at k), word 2j+1 = byte 32+j (row j at k+1); the odd bytes are zeroed by the mask. */
+static inline void pair_indices(__m512i* pick0, __m512i* pick1) {
   uint8_t idx[2][64] __attribute__((aligned(64)));
   for (int h = 0; h < 2; h++)
     for (int j = 0; j < 16; j++) {
       idx[h][4 * j] = (uint8_t)(16 * h + j); idx[h][4 * j + 1] = 0;
       idx[h][4 * j + 2] = (uint8_t)(32 + 16 * h + j); idx[h][4 * j + 3] = 0;
     }
-  const __m512i pick0 = _mm512_load_si512((const void*)idx[0]);
-  const __m512i pick1 = _mm512_load_si512((const void*)idx[1]);
+  *pick0 = _mm512_load_si512((const void*)idx[0]);
+  *pick1 = _mm512_load_si512((const void*)idx[1]);
+}
+
+/* Block b (64 output rows) for M rows of X (M <= GEMV_MAX_M); sx[m * groups + g] = sum of
+   group g of x_m; pick0/pick1 from pair_indices(). */
+static inline __attribute__((always_inline)) void gemv_block_m(
+    const uint8_t* packed, const uint16_t* sz, const uint16_t* x, const float* sx, uint16_t* y,
+    int64_t n, int64_t k, int64_t kg, int64_t b, const int M, const __m512i pick0, const __m512i pick1) {
   const __mmask64 even = 0x5555555555555555ull;
   const __m512i nib = _mm512_set1_epi16(0x000F);
   const __m512i bias = _mm512_set1_epi16(0x4300);
   const __m512i hi16 = _mm512_set1_epi32((int)0xFFFF0000u);
   const int64_t groups = k / kg;
-  for (int64_t b = b0; b < b1; b++) {
-    const uint8_t* pb = packed + b * k * 32;
-    __m512 out[GEMV_MAX_M][4];
+  const uint8_t* pb = packed + b * k * 32;
+  __m512 out[GEMV_MAX_M][4];
+  for (int m = 0; m < M; m++)
+    for (int i = 0; i < 4; i++) out[m][i] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; g++) {
+    __m512 acc[GEMV_MAX_M][4];
     for (int m = 0; m < M; m++)
-      for (int i = 0; i < 4; i++) out[m][i] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < groups; g++) {
-      __m512 acc[GEMV_MAX_M][4];
-      for (int m = 0; m < M; m++)
-        for (int i = 0; i < 4; i++) acc[m][i] = _mm512_setzero_ps();
-      for (int64_t kk = g * kg; kk < (g + 1) * kg; kk += 2) {
-        __m512i v = _mm512_loadu_si512((const void*)(pb + kk * 32));
-        __m512i w0 = _mm512_maskz_permutexvar_epi8(even, pick0, v);
-        __m512i w1 = _mm512_maskz_permutexvar_epi8(even, pick1, v);
-        /* (w & 0xF) | 0x4300 in one ternary-logic op: A=w, B=nib, C=bias -> (A & B) | C = 0xEA */
-        __m512bh a0 = (__m512bh)_mm512_ternarylogic_epi32(w0, nib, bias, 0xEA);
-        __m512bh a1 = (__m512bh)_mm512_ternarylogic_epi32(w1, nib, bias, 0xEA);
-        __m512bh a2 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(w0, 4), bias);
-        __m512bh a3 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(w1, 4), bias);
-        for (int m = 0; m < M; m++) {
-          /* the x pair as an embedded {1to16} broadcast operand: no separate broadcast op */
-          const uint32_t* xp = (const uint32_t*)(x + m * k + kk);
-          __asm__("vdpbf16ps %4%{1to16%}, %5, %0\n\t"
-                  "vdpbf16ps %4%{1to16%}, %6, %1\n\t"
-                  "vdpbf16ps %4%{1to16%}, %7, %2\n\t"
-                  "vdpbf16ps %4%{1to16%}, %8, %3"
-                  : "+v"(acc[m][0]), "+v"(acc[m][1]), "+v"(acc[m][2]), "+v"(acc[m][3])
-                  : "m"(*xp), "v"(a0), "v"(a1), "v"(a2), "v"(a3));
-        }
-      }
-      const uint16_t* szr = sz + (g * n + b * 64) * 2;
-      for (int i = 0; i < 4; i++) {
-        /* rows 16i..16i+15: accumulator i is low nibbles of rows 0-15, 16-31, high of 32-47, 48-63 */
-        __m512i t = _mm512_loadu_si512((const void*)(szr + i * 32));
-        __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(t, 16));
-        __m512 z = _mm512_castsi512_ps(_mm512_and_si512(t, hi16));
-        __m512 c = _mm512_fnmadd_ps(_mm512_set1_ps(136.0f), s, z);
-        for (int m = 0; m < M; m++)
-          out[m][i] = _mm512_fmadd_ps(c, _mm512_set1_ps(sx[m * groups + g]), _mm512_fmadd_ps(s, acc[m][i], out[m][i]));
+      for (int i = 0; i < 4; i++) acc[m][i] = _mm512_setzero_ps();
+    for (int64_t kk = g * kg; kk < (g + 1) * kg; kk += 2) {
+      __m512i v = _mm512_loadu_si512((const void*)(pb + kk * 32));
+      __m512i w0 = _mm512_maskz_permutexvar_epi8(even, pick0, v);
+      __m512i w1 = _mm512_maskz_permutexvar_epi8(even, pick1, v);
+      /* (w & 0xF) | 0x4300 in one ternary-logic op: A=w, B=nib, C=bias -> (A & B) | C = 0xEA */
+      __m512bh a0 = (__m512bh)_mm512_ternarylogic_epi32(w0, nib, bias, 0xEA);
+      __m512bh a1 = (__m512bh)_mm512_ternarylogic_epi32(w1, nib, bias, 0xEA);
+      __m512bh a2 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(w0, 4), bias);
+      __m512bh a3 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(w1, 4), bias);
+      for (int m = 0; m < M; m++) {
+        /* the x pair as an embedded {1to16} broadcast operand: no separate broadcast op */
+        const uint32_t* xp = (const uint32_t*)(x + m * k + kk);
+        __asm__("vdpbf16ps %4%{1to16%}, %5, %0\n\t"
+                "vdpbf16ps %4%{1to16%}, %6, %1\n\t"
+                "vdpbf16ps %4%{1to16%}, %7, %2\n\t"
+                "vdpbf16ps %4%{1to16%}, %8, %3"
+                : "+v"(acc[m][0]), "+v"(acc[m][1]), "+v"(acc[m][2]), "+v"(acc[m][3])
+                : "m"(*xp), "v"(a0), "v"(a1), "v"(a2), "v"(a3));
       }
     }
-    for (int m = 0; m < M; m++)
-      for (int i = 0; i < 4; i++) {
-        /* round to nearest even bf16 */
-        __m512i u = _mm512_castps_si512(out[m][i]);
-        u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
-                                                 _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
-        _mm256_storeu_si256((__m256i*)(y + m * n + b * 64 + i * 16), _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
-      }
+    const uint16_t* szr = sz + (g * n + b * 64) * 2;
+    for (int i = 0; i < 4; i++) {
+      /* rows 16i..16i+15: accumulator i is low nibbles of rows 0-15, 16-31, high of 32-47, 48-63 */
+      __m512i t = _mm512_loadu_si512((const void*)(szr + i * 32));
+      __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(t, 16));
+      __m512 z = _mm512_castsi512_ps(_mm512_and_si512(t, hi16));
+      __m512 c = _mm512_fnmadd_ps(_mm512_set1_ps(136.0f), s, z);
+      for (int m = 0; m < M; m++)
+        out[m][i] = _mm512_fmadd_ps(c, _mm512_set1_ps(sx[m * groups + g]), _mm512_fmadd_ps(s, acc[m][i], out[m][i]));
+    }
   }
+  for (int m = 0; m < M; m++)
+    for (int i = 0; i < 4; i++) {
+      /* round to nearest even bf16 */
+      __m512i u = _mm512_castps_si512(out[m][i]);
+      u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
+                                               _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+      _mm256_storeu_si256((__m256i*)(y + m * n + b * 64 + i * 16), _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
+    }
 }
 #endif
 
@@ -139,6 +142,8 @@ int edge_int4_gemv(const uint8_t* packed, const uint16_t* sz, const uint16_t* x,
   const int64_t groups = k / kg, blocks = n / 64;
   float* sx = (float*)malloc(sizeof(float) * M * groups);
   if (!sx) return -1;
+  __m512i pick0, pick1;
+  pair_indices(&pick0, &pick1);
 #pragma omp parallel num_threads((int)(threads < 1 ? 1 : threads))
   {
     /* group sums of x, split over the team (one thread took ~8 % of a 512-row SmolLM2 layer) */
@@ -160,10 +165,10 @@ int edge_int4_gemv(const uint8_t* packed, const uint16_t* sz, const uint16_t* x,
       const float* sxm = sx + m0 * groups;
       uint16_t* ym = y + m0 * n;
       switch (M - m0 < GEMV_MAX_M ? M - m0 : GEMV_MAX_M) {
-        case 1: gemv_blocks_m(packed, sz, xm, sxm, ym, n, k, kg, b, b + 1, 1); break;
-        case 2: gemv_blocks_m(packed, sz, xm, sxm, ym, n, k, kg, b, b + 1, 2); break;
-        case 3: gemv_blocks_m(packed, sz, xm, sxm, ym, n, k, kg, b, b + 1, 3); break;
-        default: gemv_blocks_m(packed, sz, xm, sxm, ym, n, k, kg, b, b + 1, 4); break;
+        case 1: gemv_block_m(packed, sz, xm, sxm, ym, n, k, kg, b, 1, pick0, pick1); break;
+        case 2: gemv_block_m(packed, sz, xm, sxm, ym, n, k, kg, b, 2, pick0, pick1); break;
+        case 3: gemv_block_m(packed, sz, xm, sxm, ym, n, k, kg, b, 3, pick0, pick1); break;
+        default: gemv_block_m(packed, sz, xm, sxm, ym, n, k, kg, b, 4, pick0, pick1); break;
       }
     }
   }

@@ -108,7 +108,7 @@ _declare(
     "\"auto\", every batch) on the native AVX512-BF16 product (quant/csrc/int4_gemv.c). "
     "0 uses tinygemm (_weight_int4pack_mm_for_cpu) and hands over to dequantize + GEMM at 48 "
     "rows, the route before the kernel existed. Read once per process.",
-    "On: 2.4-2.7x tinygemm at one row on the 1B shapes (docs/cpu-4bit.md); the 1B grid "
+    "On: 2.2-2.6x tinygemm at one row on the 1B shapes (cpu_int4_microbench_product_g{32,64}.json); the 1B grid "
     "(benchmarks/results/grid/int4_1b/) runs both settings side by side.",
 )
 

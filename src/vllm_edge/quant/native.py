@@ -2,7 +2,7 @@
 dequantization threshold) and ``csrc/int4_dequant.c`` (the dequantizer for larger ones).
 
 The product (:func:`gemv`) reads the packed tinygemm tensor with AVX512-BF16 dot products:
-2.4-2.7x tinygemm's speed at one row on the 1B shapes, 40-47 GB/s of weights on two cores
+2.2-2.6x tinygemm's speed at one row on the 1B shapes, 40-48 GB/s of weights on two cores
 (docs/cpu-4bit.md). Without AVX512-BF16 and VBMI it reports unsupported and tinygemm runs instead.
 
 The torch-op formulation (``pack.dequantize_packed_t``) costs ~2.5 ns per weight of CPU

@@ -15,9 +15,9 @@ _MP = "VLLM_ENABLE_V1_MULTIPROCESSING"
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """The embedded default model, converted once (cached under VLLM_EDGE_HOME)."""
-    from vllm_edge.models import default
+    from vllm_edge.models import store
 
-    return default.prepare("default", progress=False)
+    return store.prepare("default", progress=False)
 
 
 def _run_llm(fn, **llm_kwargs):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import textwrap
 
-from cli_runner import run_cli
+from support.cli_runner import run_cli
 
 
 def test_doctor_reports_the_aot_patch_applied():

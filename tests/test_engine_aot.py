@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_edge.harness import aot_bench
+from vllm_edge.bench import aot_cache as aot_bench
 
 pytestmark = pytest.mark.slow
 

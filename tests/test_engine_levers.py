@@ -14,7 +14,7 @@ import pytest
 from vllm_edge.runtime.kv import kv_budget_for
 
 pytestmark = pytest.mark.slow
-PROBE = Path(__file__).with_name("engine_probe.py")
+PROBE = Path(__file__).parent / "support" / "engine_probe.py"
 KV_BYTES = 64 << 20
 
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from typing import Any
 
-from vllm_edge.harness.provenance import version
+from vllm_edge.common.provenance import version
 
 TRAP_PACKAGES = ("torchvision", "torchaudio", "torchcodec")
 
@@ -34,7 +34,7 @@ def torchvision_trap() -> list[dict[str, str]]:
 
 def collect() -> dict[str, Any]:
     from vllm_edge import envs, plugin
-    from vllm_edge.runtime.hw import probe_cpu
+    from vllm_edge.common.hw import probe_cpu
 
     # The trap breaks vLLM's own import, so look for it before touching vLLM.
     trap = torchvision_trap()
@@ -56,7 +56,8 @@ def collect() -> dict[str, Any]:
         problems.append(f"IR providers: {type(exc).__name__}: {exc}")
     cpu = probe_cpu()
     try:
-        from vllm_edge.runtime import hw, weight_path
+        from vllm_edge.common import hw
+        from vllm_edge.runtime import weight_path
 
         prof = hw.profile()
         path = weight_path.for_run(prof).to_dict()
@@ -65,9 +66,9 @@ def collect() -> dict[str, Any]:
         path = None
         problems.append(f"weight path: {exc}")
     try:
-        from vllm_edge.quant import native
+        from vllm_edge.quant import ops
 
-        int4_kernels = native.describe()
+        int4_kernels = ops.describe()
     except Exception as exc:
         int4_kernels = None
         problems.append(f"cpu_int4 kernels: {type(exc).__name__}: {exc}")
@@ -103,12 +104,12 @@ BUSY_CORE_PCT = 50.0
 
 def edge_mode_choices(sample_s: float = 0.5) -> dict[str, Any]:
     """What `run` (and `serve`) would choose on this box for the default model, and why."""
-    from vllm_edge.models import default
+    from vllm_edge.common.hw import probe_cpu, sample_cpu_busy
+    from vllm_edge.models import store
     from vllm_edge.runtime.engine import edge_engine
-    from vllm_edge.runtime.hw import probe_cpu, sample_cpu_busy
 
     out: dict[str, Any] = {}
-    path = default.prepared_dir(default.resolve_key("default"))
+    path = store.prepared_dir(store.resolve_key("default"))
     if not (path / "config.json").exists():
         out["error"] = ("the default model is not prepared yet (`vllm-edge models prepare`); "
                         "the KV budget is priced from its config")

@@ -10,22 +10,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass
+
+from vllm_edge.common.registration import Registration
 
 _lock = threading.Lock()
 _registered_pid: int | None = None
-
-
-@dataclass(frozen=True)
-class Registration:
-    """A use of a real vLLM extension point (not a patch)."""
-
-    name: str
-    kind: str  # e.g. "quantization_config", "ir_impl", "custom_op"
-    target: str
-    state: str  # "registered" | "skipped: <why>"
-
-
 _registrations: list[Registration] = []
 
 
@@ -53,12 +42,11 @@ def register() -> None:
         from vllm_edge import patches
 
         loaded = patches.load_all()
-        from vllm_edge import quant
+        from vllm_edge import kernels, quant
 
-        quant.register()
-        from vllm_edge import kernels
-
-        kernels.register()
+        for reg in [*quant.register(), *kernels.register()]:
+            if reg not in _registrations:
+                _registrations.append(reg)
         _registered_pid = os.getpid()
     logging.getLogger("vllm_edge").info(
         "plugin loaded: patches %s",

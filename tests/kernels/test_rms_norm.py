@@ -30,8 +30,8 @@ def _inputs(rows: int, hidden: int = HIDDEN, dtype=torch.bfloat16, seed: int = 0
 def test_registered_once_supported_here_and_recorded(ir):
     from vllm_edge import plugin
 
-    R.register()
-    R.register()
+    assert R.register() == R.register()
+    plugin.register()
     for op in R.OPS:
         impl = getattr(ir.ops, op).impls[R.PROVIDER]
         assert impl.supported, f"{op}: the CPU build should have the _C kernel"

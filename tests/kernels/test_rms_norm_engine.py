@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.slow
-PROBE = Path(__file__).with_name("rmsnorm_engine_probe.py")
+PROBE = Path(__file__).parents[1] / "support" / "rmsnorm_engine_probe.py"
 
 
 def _probe(model_dir: Path, switch: str) -> dict:

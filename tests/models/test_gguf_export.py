@@ -10,9 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_edge.models import default
-from vllm_edge.models.gguf_export import (GgufExportError, export_gguf, iter_metadata, quantize,
-                                          quantized_path, rope_interleave)
+from vllm_edge.models import store
+from vllm_edge.models.gguf_export import (
+    GgufExportError,
+    export_gguf,
+    iter_metadata,
+    quantize,
+    quantized_path,
+    rope_interleave,
+)
 
 LLAMA_CPP_REASON = "llama-cpp-python is not installed (pip install 'vllm-edge[baselines]')"
 
@@ -58,7 +64,7 @@ def exported_bf16(default_model_dir, tmp_path_factory):
 
 
 def test_export_keeps_metadata_and_tokenizer(exported_bf16):
-    src = dict(iter_metadata(default.source_gguf(default.resolve_key("default"))))
+    src = dict(iter_metadata(store.source_gguf(store.resolve_key("default"))))
     got = dict(iter_metadata(exported_bf16))
     same = ["general.architecture", "tokenizer.ggml.model", "tokenizer.ggml.tokens",
             "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id",
@@ -77,7 +83,7 @@ def test_exported_tensors_are_in_llama_cpp_layout(exported_bf16):
     """attn_q/attn_k of the source GGUF are in llama.cpp's rope layout; ours must match them."""
     import gguf
 
-    src = {t.name: t for t in gguf.GGUFReader(str(default.source_gguf(default.resolve_key("default")))).tensors}
+    src = {t.name: t for t in gguf.GGUFReader(str(store.source_gguf(store.resolve_key("default")))).tensors}
     ours = {t.name: t for t in gguf.GGUFReader(str(exported_bf16)).tensors}
     assert set(ours) == set(src)  # tied: no output.weight in either
     for name in ("blk.0.attn_q.weight", "blk.7.attn_k.weight", "blk.3.ffn_down.weight"):
@@ -128,7 +134,7 @@ PARIS = [{"role": "system", "content": "You are a helpful assistant."},
 
 @pytest.fixture(scope="module")
 def hf_ref(default_model_dir):
-    from vllm_edge.models.hf_reference import HfRunner
+    from vllm_edge.bench.fidelity.hf_reference import HfRunner
 
     return HfRunner(default_model_dir, dtype="bfloat16")
 
@@ -136,7 +142,7 @@ def hf_ref(default_model_dir):
 @pytest.fixture(scope="module")
 def hf_greedy(hf_ref):
     """transformers' greedy tokens on the bf16 directory, computed once: {name: (prompt, tokens)}."""
-    from vllm_edge.harness.prompts import fidelity_prompts
+    from vllm_edge.bench.prompts import fidelity_prompts
 
     msgs = {"paris": PARIS}
     msgs.update({p["id"]: p["messages"] for p in fidelity_prompts() if p["id"] in ("chat-explain", "chat-code")})
@@ -153,7 +159,7 @@ def test_roundtrip_in_llama_cpp(out_type, exported_bf16, hf_ref, hf_greedy, tmp_
     """Our GGUF answers the Paris question in llama.cpp, and its greedy tokens match
     transformers on the same bf16 directory for the first 16 tokens."""
     pytest.importorskip("llama_cpp", reason=LLAMA_CPP_REASON)
-    from vllm_edge.models.llamacpp_runner import runner
+    from vllm_edge.bench.llamacpp.runner import runner
 
     path = exported_bf16 if out_type == "bf16" else export_gguf(
         hf_ref.path, tmp_path / "smol.f16.gguf", out_type="f16", progress=False)
@@ -168,7 +174,7 @@ def test_roundtrip_in_llama_cpp(out_type, exported_bf16, hf_ref, hf_greedy, tmp_
 @pytest.mark.slow
 def test_llama_cpp_quantize(exported_bf16):
     pytest.importorskip("llama_cpp", reason=LLAMA_CPP_REASON)
-    from vllm_edge.models.llamacpp_runner import quantization_types
+    from vllm_edge.bench.llamacpp.runner import quantization_types
 
     out = quantize(exported_bf16, quantized_path(exported_bf16, "Q8_0"), "Q8_0")
     assert out.name == "smol.bf16.Q8_0.gguf"
@@ -181,8 +187,8 @@ def test_llama_cpp_quantize(exported_bf16):
 def test_without_the_rope_permutation_llama_cpp_answers_differently(hf_ref, hf_greedy, tmp_path, monkeypatch):
     """The Q/K permutation is load-bearing: skip it and llama.cpp's rope no longer matches."""
     pytest.importorskip("llama_cpp", reason=LLAMA_CPP_REASON)
+    from vllm_edge.bench.llamacpp.runner import runner
     from vllm_edge.models import gguf_export
-    from vllm_edge.models.llamacpp_runner import runner
 
     monkeypatch.setattr(gguf_export, "rope_interleave", lambda w, n_head: w)
     path = gguf_export.export_gguf(hf_ref.path, tmp_path / "unpermuted.gguf", progress=False)

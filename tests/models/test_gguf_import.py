@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from cli_runner import run_cli
-from vllm_edge.models import default
+from support.cli_runner import run_cli
+from vllm_edge.models import store
 from vllm_edge.models.gguf_import import GgufImportError, import_gguf, inspect_gguf
 
 
@@ -46,7 +46,7 @@ def test_not_a_gguf(tmp_path):
 
 
 def test_truncated_real_file(tmp_path):
-    src = default.source_gguf(default.resolve_key("default"))
+    src = store.source_gguf(store.resolve_key("default"))
     cut = tmp_path / "cut.gguf"
     with open(src, "rb") as fin:
         cut.write_bytes(fin.read(src.stat().st_size // 2))
@@ -57,7 +57,7 @@ def test_truncated_real_file(tmp_path):
 
 
 def test_truncated_header(tmp_path):
-    src = default.source_gguf(default.resolve_key("default"))
+    src = store.source_gguf(store.resolve_key("default"))
     cut = tmp_path / "head.gguf"
     with open(src, "rb") as fin:
         cut.write_bytes(fin.read(4096))
@@ -80,7 +80,7 @@ def test_unsupported_architecture(tmp_path, arch):
 def test_prepare_without_the_package_names_it(monkeypatch, capsys):
     from vllm_edge import cli
 
-    monkeypatch.setitem(default.MODELS, "ghost", default.EmbeddedModel(
+    monkeypatch.setitem(store.MODELS, "ghost", store.EmbeddedModel(
         key="ghost", package="llm-ghost-model-not-installed", filename="x.gguf", description="x"))
     assert cli.main(["models", "prepare", "ghost"]) == 2
     err = capsys.readouterr().err
@@ -96,7 +96,7 @@ def test_default_model_is_converted_with_manifest(default_model_dir):
     assert (default_model_dir / "chat_template.jinja").exists() or "chat_template" in json.loads(
         (default_model_dir / "tokenizer_config.json").read_text())
     manifest = json.loads((default_model_dir / "vllm_edge_manifest.json").read_text())
-    src = default.source_gguf(default.resolve_key("default"))
+    src = store.source_gguf(store.resolve_key("default"))
     from vllm_edge.models.gguf_import import sha256_file
 
     assert manifest["source_sha256"] == sha256_file(src)
@@ -106,7 +106,7 @@ def test_default_model_is_converted_with_manifest(default_model_dir):
 def test_second_prepare_is_instant(default_model_dir):
     before = (default_model_dir / "model.safetensors").stat().st_mtime_ns
     t0 = time.time()
-    assert default.prepare("default", progress=False) == default_model_dir
+    assert store.prepare("default", progress=False) == default_model_dir
     assert time.time() - t0 < 5  # hashing 98 MB, no conversion
     assert (default_model_dir / "model.safetensors").stat().st_mtime_ns == before
 
@@ -117,7 +117,7 @@ def test_converted_weights_match_the_gguf(default_model_dir):
     import torch
     from safetensors import safe_open
 
-    reader = gguf.GGUFReader(str(default.source_gguf(default.resolve_key("default"))))
+    reader = gguf.GGUFReader(str(store.source_gguf(store.resolve_key("default"))))
     tensors = {t.name: t for t in reader.tensors}
     ref = torch.from_numpy(gguf.dequantize(tensors["blk.0.ffn_down.weight"].data,
                                            tensors["blk.0.ffn_down.weight"].tensor_type).copy())

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from vllm_edge.models import default, synthetic
+from vllm_edge.common import manifest
+from vllm_edge.models import store, synthetic
 
 
 @pytest.fixture
@@ -19,44 +20,44 @@ def fake_bf16(tmp_path, monkeypatch):
     tok.mkdir()
     (tok / "tokenizer.json").write_text("{}")
     shape = synthetic.Shape.derive(128, 1, 512, intermediate=256, heads=4, kv_heads=2)
-    bf16 = synthetic.build(default.prepared_dir(default.resolve_key("default")), shape,
+    bf16 = synthetic.build(store.prepared_dir(store.resolve_key("default")), shape,
                            tokenizer_from=tok, progress=False)
-    monkeypatch.setattr(default, "prepare", lambda name="default", **k: bf16)
+    monkeypatch.setattr(store, "prepare", lambda name="default", **k: bf16)
     return bf16
 
 
 def test_quantizes_once_beside_the_bf16_dir(fake_bf16, monkeypatch):
     from vllm_edge.quant import quantize
 
-    assert not default.quantized_ready("default")
-    out = default.prepare_quantized("default", progress=False)
+    assert not store.quantized_ready("default")
+    out = store.prepare_quantized("default", progress=False)
     assert out == fake_bf16.parent / "smollm2-135m-cpu_int4-g32"
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["quantization_config"]["quant_method"] == "cpu_int4"
     assert cfg["quantization_config"]["group_size"] == 32
-    manifest = json.loads((out / default.MANIFEST_NAME).read_text())
-    assert manifest["converter"] == f"{quantize.CONVERTER_VERSION}+{synthetic.CONVERTER_VERSION}"
-    assert (manifest["scheme"], manifest["group_size"], manifest["source"]) == ("cpu_int4", 32, str(fake_bf16))
-    assert default.quantized_ready("default")
-    assert not default.quantized_ready("default", group=128)
+    data = manifest.read(out)
+    assert data["converter"] == f"{quantize.CONVERTER_VERSION}+{synthetic.CONVERTER_VERSION}"
+    assert (data["scheme"], data["group_size"], data["source"]) == ("cpu_int4", 32, str(fake_bf16))
+    assert store.quantized_ready("default")
+    assert not store.quantized_ready("default", group=128)
 
     calls = []
     monkeypatch.setattr(quantize, "quantize_model", lambda *a, **k: calls.append(a))
-    assert default.prepare_quantized("default", progress=False) == out
+    assert store.prepare_quantized("default", progress=False) == out
     assert calls == []  # cached
-    default.prepare_quantized("default", force=True, progress=False)
+    store.prepare_quantized("default", force=True, progress=False)
     assert len(calls) == 1
 
 
 def test_a_new_source_is_quantized_again(fake_bf16, monkeypatch):
     from vllm_edge.quant import quantize
 
-    default.prepare_quantized("default", progress=False)
-    m = fake_bf16 / default.MANIFEST_NAME
+    store.prepare_quantized("default", progress=False)
+    m = fake_bf16 / manifest.NAME
     m.write_text(json.dumps({**json.loads(m.read_text()), "source_sha256": "new"}))
     calls = []
     monkeypatch.setattr(quantize, "quantize_model", lambda *a, **k: calls.append(k["manifest"]))
-    default.prepare_quantized("default", progress=False)
+    store.prepare_quantized("default", progress=False)
     assert calls and calls[0]["source_sha256"] == "new"
 
 
@@ -64,15 +65,15 @@ def test_run_quantizes_in_a_child_process_only_when_needed(fake_bf16, monkeypatc
     import subprocess
 
 
-    monkeypatch.setattr(default, "source_gguf", lambda m: "x.gguf")
+    monkeypatch.setattr(store, "source_gguf", lambda m: "x.gguf")
     calls = []
     monkeypatch.setattr(subprocess, "run", lambda cmd, check: calls.append(cmd))
-    target = default.ensure_model("default", "cpu_int4", 32)
-    assert target == default.quantized_dir(default.resolve_key("default"))
+    target = store.ensure_model("default", "cpu_int4", 32)
+    assert target == store.quantized_dir(store.resolve_key("default"))
     assert calls and calls[0][-6:] == ["prepare", "default", "--quant", "cpu_int4", "--group", "32"]
-    default.prepare_quantized("default", progress=False)
+    store.prepare_quantized("default", progress=False)
     calls.clear()
-    assert default.ensure_model("default", "cpu_int4", 32) == target
+    assert store.ensure_model("default", "cpu_int4", 32) == target
     assert calls == []
 
 
@@ -81,4 +82,4 @@ def test_cli_prepare_quant(fake_bf16, capsys):
 
     assert main(["models", "prepare", "default", "--quant", "cpu_int4"]) == 0
     out = capsys.readouterr().out.strip()
-    assert out.endswith("smollm2-135m-cpu_int4-g32") and default.quantized_ready("default")
+    assert out.endswith("smollm2-135m-cpu_int4-g32") and store.quantized_ready("default")

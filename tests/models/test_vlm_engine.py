@@ -1,7 +1,7 @@
 """The VLM on the real engine (issue 9): vLLM bf16 against transformers bf16 on the same
 image and prompt, cpu_int4's first token against bf16's, and `run --image` end to end.
 
-Engines run in their own processes (tests/models/vlm_probe.py and the CLI); transformers
+Engines run in their own processes (tests/support/vlm_probe.py and the CLI); transformers
 runs here, without torchvision (it is not installed in this venv)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cli_runner import run_cli
-from vllm_edge.harness.jsonline import last_json_line
+from support.cli_runner import run_cli
+from vllm_edge.common.jsonline import last_json_line
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ PROMPT = "Write a short story about a cat who finds this picture."
 INT4_PROMPT = "What is the capital of France?"
 SYSTEM = "You are a helpful assistant."
 TOKENS = 16
-PROBE = Path(__file__).with_name("vlm_probe.py")
+PROBE = Path(__file__).parents[1] / "support" / "vlm_probe.py"
 
 
 def make_image(path: Path) -> Path:
@@ -46,9 +46,9 @@ def image(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def bf16_dir():
-    from vllm_edge.models import vlm
+    from vllm_edge.models import store, vlm
 
-    return vlm.prepare(progress=False)
+    return vlm.prepare(store.prepare("default", progress=False))
 
 
 @pytest.fixture(scope="module")
@@ -145,9 +145,10 @@ def int4_run(image):
 
 @pytest.fixture(scope="module")
 def int4_vision_run(image):
-    from vllm_edge.models import vlm
+    from vllm_edge.models import store, vlm
 
-    return run_image(str(vlm.prepare_quantized(quantize_vision=True, progress=False)), image)
+    text = store.prepare("default", progress=False)
+    return run_image(str(vlm.prepare_quantized(text, quantize_vision=True, progress=False)), image)
 
 
 def test_run_image_runs_cpu_int4(int4_run, vllm_runs):

@@ -51,12 +51,12 @@ def gptq_run(default_model_dir, run_llm):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from vllm_edge.models import default
+    from vllm_edge.models import store
     from vllm_edge.runtime.engine import edge_engine
     from vllm_edge.runtime.kv import kv_budget_for
 
     # cached under VLLM_EDGE_HOME like the bf16 build, so only the first CI run pays for it
-    q_dir = default.prepare_quantized("default", "gptq", 64, progress=False)
+    q_dir = store.prepare_quantized("default", "gptq", 64, progress=False)
     ids = AutoTokenizer.from_pretrained(str(q_dir)).apply_chat_template(
         MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False)
     cfg = json.loads((q_dir / "config.json").read_text())

@@ -86,7 +86,7 @@ def test_cli_parses_quantize():
 
     args = build_parser().parse_args(["quantize", "a", "b", "--group", "128"])
     assert (args.src, args.dst, args.scheme, args.group) == ("a", "b", "cpu_int4", 128)
-    assert args.func.__module__ == "vllm_edge.quant.cli"
+    assert args.func.__module__ == "vllm_edge.cli.quantize"
 
 
 @pytest.mark.parametrize("argv", [["quantize", "a", "b"], ["models", "prepare"], ["models", "build-vlm"],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_edge.runtime.hw import probe_cpu
+from vllm_edge.common.hw import probe_cpu
 
 SNAPSHOTS = {
     "amx_xeon": ("x86_64", "Intel(R) Xeon(R) Platinum 8480+",

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from image_samples import bad_requests, chat, good_url
-from vllm_edge.runtime.image_gate import ImageGate
-from vllm_edge.serve import IMAGE_GATE
+from support.image_samples import bad_requests, chat, good_url
+from vllm_edge.serving.image_gate import ImageGate
+from vllm_edge.serving.serve import IMAGE_GATE
 
 starlette = pytest.importorskip("starlette")
 from starlette.testclient import TestClient  # noqa: E402

@@ -7,7 +7,7 @@ import base64
 
 import pytest
 
-from image_samples import bad_requests, data_url, encode, picture
+from support.image_samples import bad_requests, data_url, encode, picture
 from vllm_edge.runtime import images
 from vllm_edge.runtime.images import ImageInputError, ImageLimits
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from vllm_edge.runtime import hw, weight_path
+from vllm_edge.common import hw
+from vllm_edge.runtime import weight_path
 from vllm_edge.runtime.weight_path import for_run, select_weight_path
 
 from .test_hw import SNAPSHOTS, _write, _write_sysfs

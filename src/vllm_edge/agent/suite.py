@@ -107,7 +107,7 @@ def run_suite(
 
 def write_report(path: str | os.PathLike, report: dict, extra_provenance: dict | None = None) -> None:
     """Atomically write the report with provenance (host, versions, build, env)."""
-    from vllm_edge.atomic import write_json
-    from vllm_edge.harness.provenance import collect
+    from vllm_edge.common.atomic import write_json
+    from vllm_edge.common.provenance import collect
 
     write_json(path, {"kind": "agent_suite", "provenance": collect(extra=extra_provenance), **report})

@@ -7,8 +7,11 @@ plugin in every vLLM process; it is idempotent.
 
 from __future__ import annotations
 
+from vllm_edge.common.registration import Registration
 
-def register() -> None:
+
+def register() -> list[Registration]:
+    """Register every provider once per process; returns what was registered."""
     from vllm_edge.kernels import rms_norm
 
-    rms_norm.register()
+    return rms_norm.register()

@@ -19,6 +19,8 @@ in docs/configuration.md).
 
 import logging
 
+from vllm_edge.common.registration import Registration
+
 PROVIDER = "edge_cpu"
 OPS = ("rms_norm", "fused_add_rms_norm")
 ENV_SWITCH = "VLLM_EDGE_RMSNORM_PROVIDER"
@@ -99,12 +101,16 @@ def impls() -> dict:
             "fused_add_rms_norm": (fused_add_rms_norm, fused_add_rms_norm_fits, True)}
 
 
-def register() -> None:
-    """Register both impls once per process and record them with the plugin."""
-    from vllm_edge.plugin import Registration, _registrations
+def register() -> list[Registration]:
+    """Register both impls once per process; returns what was registered."""
+    if not _state:
+        _register()
+    return [Registration(name=f"{op_name}:{PROVIDER}", kind="ir_impl",
+                         target=f"vllm.ir.ops.{op_name}:register_impl", state=_state[op_name])
+            for op_name in OPS]
 
-    if _state:
-        return
+
+def _register() -> None:
     try:
         from vllm import ir
 
@@ -119,12 +125,6 @@ def register() -> None:
         logger.warning("vllm-edge: cannot register the %s norm provider: %s", PROVIDER, exc)
         for op_name in OPS:
             _state.setdefault(op_name, f"skipped: {exc}")
-    for op_name in OPS:
-        name = f"{op_name}:{PROVIDER}"
-        if not any(r.name == name for r in _registrations):
-            _registrations.append(Registration(
-                name=name, kind="ir_impl", target=f"vllm.ir.ops.{op_name}:register_impl",
-                state=_state[op_name]))
 
 
 def supported() -> bool:

@@ -20,7 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-from vllm_edge import atomic
+from vllm_edge.common import atomic
 
 logger = logging.getLogger("vllm_edge.models")
 

@@ -10,20 +10,18 @@ source is a no-op.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_edge import atomic
+from vllm_edge.common import atomic, manifest
 
 logger = logging.getLogger("vllm_edge.models")
 
 # Bump when the conversion output changes, so cached conversions are redone.
 CONVERTER_VERSION = "gguf-import/1"
-from vllm_edge.models.default import MANIFEST_NAME as MANIFEST
 
 # Architectures whose conversion we have checked. transformers mis-converts
 # others (gemma3 gives degenerate text where llama.cpp is correct: design.md §6).
@@ -105,13 +103,7 @@ def inspect_gguf(path: str | os.PathLike) -> GgufInfo:
 
 
 def _manifest_matches(out: Path, source_sha: str) -> bool:
-    m = out / MANIFEST
-    if not m.exists():
-        return False
-    try:
-        data = json.loads(m.read_text())
-    except json.JSONDecodeError:
-        return False
+    data = manifest.read(out)
     return data.get("source_sha256") == source_sha and data.get("converter") == CONVERTER_VERSION
 
 
@@ -155,8 +147,8 @@ def import_gguf(src: str | os.PathLike, out: str | os.PathLike, *, force: bool =
         tok.save_pretrained(str(tmp))
         if getattr(tok, "chat_template", None) is None:
             raise GgufImportError(f"{src}: the GGUF carries no chat template (tokenizer.chat_template)")
-        atomic.write_json(
-            tmp / MANIFEST,
+        manifest.write(
+            tmp,
             {
                 "source": str(src),
                 "source_sha256": source_sha,

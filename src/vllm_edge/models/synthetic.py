@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
-from vllm_edge import atomic
+from vllm_edge.common import atomic, manifest
 
 logger = logging.getLogger("vllm_edge.models")
 CONVERTER_VERSION = "synthetic/2"
@@ -198,9 +198,9 @@ def build(out: str | Path, shape: Shape, *, tokenizer_from: str | Path, seed: in
         for f in TOKENIZER_FILES:
             if (tok_dir / f).exists():
                 shutil.copy2(tok_dir / f, tmp / f)
-        (tmp / "vllm_edge_manifest.json").write_text(json.dumps({
+        manifest.write(tmp, {
             "converter": CONVERTER_VERSION, "source": "random", "source_sha256": None,
             "seed": seed, "shape": asdict(shape), "parameters": shape.parameters,
             "tokenizer_from": str(tok_dir), "dtype": "bfloat16",
-        }, indent=2) + "\n")
+        })
     return out

@@ -24,12 +24,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
-from vllm_edge import atomic, envs
+from vllm_edge import envs
+from vllm_edge.common import atomic, manifest
 from vllm_edge.quant.groups import DEFAULT_GROUP
 
-
 CONVERTER_VERSION = "vlm/1"
-MANIFEST_NAME = "vllm_edge_manifest.json"
 KEY = "smolvlm-135m"
 VOCAB_MULTIPLE = 64
 LINEAR_STD = 0.02  # SigLIP's initializer range
@@ -236,11 +235,9 @@ def build(out: str | Path, *, text_dir: str | Path, vision: VisionShape = Vision
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         if (src / "generation_config.json").exists():
             (tmp / "generation_config.json").write_text((src / "generation_config.json").read_text())
-        text_manifest = {}
-        if (src / MANIFEST_NAME).exists():
-            text_manifest = json.loads((src / MANIFEST_NAME).read_text())
+        text_manifest = manifest.read(src)
         n_vision = sum(math.prod(s) for _, s in vision.tensors(text_hidden))
-        (tmp / MANIFEST_NAME).write_text(json.dumps({
+        manifest.write(tmp, {
             "converter": CONVERTER_VERSION, "source": str(src),
             "source_sha256": text_manifest.get("source_sha256"),
             "text_converter": text_manifest.get("converter"),
@@ -248,7 +245,7 @@ def build(out: str | Path, *, text_dir: str | Path, vision: VisionShape = Vision
             "vocab": {"tokenizer": tok_info["tokens"], "padded": vocab,
                       "base": tok_info["base_vocab"], "image_token_id": tok_info["image_token_id"]},
             "connector_std": connector_std, "dtype": "bfloat16",
-        }, indent=2) + "\n")
+        })
     return out
 
 
@@ -272,21 +269,11 @@ def parse_key(name: str) -> tuple[str | None, int, bool] | None:
     return ("cpu_int4", int(m.group(1)), bool(m.group(2))) if m else None
 
 
-def _manifest(path: Path) -> dict:
-    try:
-        return json.loads((path / MANIFEST_NAME).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def prepare(*, force: bool = False, progress: bool = True) -> Path:
-    """Build the default VLM once (after the embedded SmolLM2's conversion)."""
-    from vllm_edge.models import default
-
-    text = default.prepare("default", progress=progress)
+def prepare(text: Path, *, force: bool = False) -> Path:
+    """Build the default VLM around the converted SmolLM2 in ``text``, once."""
     out = prepared_dir()
-    have = _manifest(out)
-    text_sha = _manifest(text).get("source_sha256")
+    have = manifest.read(out)
+    text_sha = manifest.read(text).get("source_sha256")
     if (not force and have.get("converter") == CONVERTER_VERSION
             and have.get("source_sha256") == text_sha and have.get("vision") == asdict(VisionShape())):
         return out
@@ -296,16 +283,16 @@ def prepare(*, force: bool = False, progress: bool = True) -> Path:
 def ready(quant: str | None = None, group: int = DEFAULT_GROUP, quantize_vision: bool = False) -> bool:
     """Cheap check: is this build cached from the current converters?"""
     if quant is None:
-        return _manifest(prepared_dir()).get("converter") == CONVERTER_VERSION
+        return manifest.read(prepared_dir()).get("converter") == CONVERTER_VERSION
     from vllm_edge.quant.quantize import CONVERTER_VERSION as QV
 
-    have = _manifest(quantized_dir(quant, group, quantize_vision))
+    have = manifest.read(quantized_dir(quant, group, quantize_vision))
     return (have.get("converter") == f"{QV}+{CONVERTER_VERSION}" and have.get("scheme") == quant
             and have.get("group_size") == group and have.get("quantize_vision") == quantize_vision)
 
 
-def prepare_quantized(scheme: str = "cpu_int4", group: int = DEFAULT_GROUP, *, quantize_vision: bool = False,
-                      force: bool = False, progress: bool = True) -> Path:
+def prepare_quantized(text: Path, scheme: str = "cpu_int4", group: int = DEFAULT_GROUP, *,
+                      quantize_vision: bool = False, force: bool = False, progress: bool = True) -> Path:
     """Quantize the default VLM once: the language model's linears, embedding and head,
     and the vision tower's linears only when ``quantize_vision``."""
     from vllm_edge.quant.quantize import CONVERTER_VERSION as QV
@@ -313,13 +300,13 @@ def prepare_quantized(scheme: str = "cpu_int4", group: int = DEFAULT_GROUP, *, q
 
     if scheme != "cpu_int4":
         raise ValueError(f"the VLM supports --quant cpu_int4 only, got {scheme!r}")
-    bf16 = prepare(progress=progress)
+    bf16 = prepare(text)
     out = quantized_dir(scheme, group, quantize_vision)
-    base = _manifest(bf16)
+    base = manifest.read(bf16)
     want = {"source": str(bf16), "source_sha256": base.get("source_sha256"),
             "converter": f"{QV}+{CONVERTER_VERSION}", "scheme": scheme, "group_size": group,
             "quantize_vision": quantize_vision}
-    if not force and _manifest(out) == want:
+    if not force and manifest.read(out) == want:
         return out
     return quantize_model(bf16, out, scheme=scheme, group=group, quantize_vision=quantize_vision,
                           progress=progress, manifest=want)

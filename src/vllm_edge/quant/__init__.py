@@ -9,17 +9,18 @@ from __future__ import annotations
 import logging
 import threading
 
+from vllm_edge.common.registration import Registration
+
 _lock = threading.Lock()
-_done = False
+_done: Registration | None = None
 
 
-def register() -> None:
+def register() -> list[Registration]:
+    """Register ``cpu_int4`` with vLLM once per process; returns what was registered."""
     global _done
     with _lock:
-        if _done:
-            return
-        from vllm_edge.plugin import Registration, _registrations
-
+        if _done is not None:
+            return [_done]
         try:
             from vllm.model_executor.layers.quantization import (
                 _CUSTOMIZED_METHOD_TO_QUANT_CONFIG,
@@ -36,7 +37,5 @@ def register() -> None:
                 "vllm-edge: cannot register quantization config cpu_int4: %s", exc)
             state = f"skipped: {exc}"
         target = "vllm.model_executor.layers.quantization:register_quantization_config"
-        if not any(r.name == "cpu_int4" for r in _registrations):
-            _registrations.append(Registration(name="cpu_int4", kind="quantization_config",
-                                               target=target, state=state))
-        _done = True
+        _done = Registration(name="cpu_int4", kind="quantization_config", target=target, state=state)
+        return [_done]

@@ -70,7 +70,7 @@ def _compiler() -> str | None:
 
 
 def _build(cc: str, flags: list[str], out: Path) -> None:
-    from vllm_edge import atomic
+    from vllm_edge.common import atomic
 
     with atomic.file_path(out) as tmp:
         subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", str(tmp), *map(str, SOURCES)],
@@ -166,23 +166,6 @@ def gemv(x2: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, kgroup: int) 
         rc = library().edge_int4_gemv(packed.data_ptr(), sz.data_ptr(), x2.data_ptr(), y.data_ptr(),
                                       m, n, k, kgroup, torch.get_num_threads())
     return y if rc == 0 else None
-
-
-def describe() -> dict:
-    """Which cpu_int4 kernels run in this process, for ``vllm-edge doctor``."""
-    from vllm_edge.quant import ops  # ops imports this module
-
-    lib = library()
-    product = gemv_supported()
-    threshold = ops.auto_threshold()
-    return {
-        "library": getattr(lib, "_name", None),
-        "small_batches": "native product (quant/csrc/int4_gemv.c)" if product else "tinygemm",
-        "large_batches": ("native product" if product else
-                          "native dequantize + bf16 GEMM" if lib is not None else
-                          "torch-op dequantize + bf16 GEMM"),
-        "auto_threshold_rows": None if threshold == ops.NEVER else threshold,
-    }
 
 
 @functools.cache

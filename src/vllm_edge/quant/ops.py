@@ -44,6 +44,21 @@ def auto_threshold() -> int:
     return NEVER if native.gemv_supported() else DEFAULT_DEQUANT_THRESHOLD
 
 
+def describe() -> dict:
+    """Which cpu_int4 kernels run in this process, for ``vllm-edge doctor``."""
+    lib = native.library()
+    product = native.gemv_supported()
+    threshold = auto_threshold()
+    return {
+        "library": getattr(lib, "_name", None),
+        "small_batches": "native product (quant/csrc/int4_gemv.c)" if product else "tinygemm",
+        "large_batches": ("native product" if product else
+                          "native dequantize + bf16 GEMM" if lib is not None else
+                          "torch-op dequantize + bf16 GEMM"),
+        "auto_threshold_rows": None if threshold == NEVER else threshold,
+    }
+
+
 def int4_linear_impl(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
                      group_size: int, dequant_threshold: int,
                      plain: Optional[torch.Tensor] = None, plain_scale: Optional[torch.Tensor] = None,

@@ -20,7 +20,9 @@ from typing import Any, Iterator
 
 import torch
 
-from vllm_edge import atomic
+from vllm_edge.common import atomic
+from vllm_edge.common.manifest import NAME as MANIFEST_NAME
+from vllm_edge.common.manifest import write as write_manifest
 from vllm_edge.quant import gptq, pack
 from vllm_edge.quant.groups import DEFAULT_GROUP, GROUPS  # noqa: F401  (GROUPS re-exported)
 
@@ -30,7 +32,7 @@ REPORT_NAME = "quantization_report.json"
 # Bump when the output of a scheme changes, so cached checkpoints are redone.
 CONVERTER_VERSION = "quantize/2"
 # the source's import manifest describes the bf16 conversion, not this checkpoint
-_SKIP_COPY = {"config.json", "model.safetensors.index.json", REPORT_NAME, "vllm_edge_manifest.json"}
+_SKIP_COPY = {"config.json", "model.safetensors.index.json", REPORT_NAME, MANIFEST_NAME}
 
 
 def tensor_refs(src: Path) -> Iterator[tuple[str, tuple[Path, str]]]:
@@ -288,7 +290,7 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
         if scheme == "gptq":  # AutoGPTQ-style tools read it from here
             (tmp / "quantize_config.json").write_text(json.dumps(qcfg, indent=2) + "\n")
         if manifest is not None:
-            (tmp / "vllm_edge_manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+            write_manifest(tmp, manifest)
     return dst
 
 

@@ -41,10 +41,12 @@ class EdgeEngine:
 def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_seqs: int = 4,
                 dtype: str = "bfloat16", enforce_eager: bool = False,
                 kv_cache_memory_bytes: int | None = None, one_process: bool = True,
-                enable_prefix_caching: bool = True, server: bool = False) -> EdgeEngine:
+                enable_prefix_caching: bool = True, server: bool = False,
+                worker_extension: str = WORKER_EXTENSION) -> EdgeEngine:
     """``server``: the arguments are for vLLM's API server (`serve`), whose AsyncLLM always
     runs the engine core in a process of its own; ``one_process`` then keeps the worker
-    inside that engine-core process."""
+    inside that engine-core process. ``worker_extension`` is the class vLLM mixes into the
+    worker (benchmarks pass one with their measurement calls)."""
     model_path = Path(model_path)
     config = json.loads((model_path / "config.json").read_text())
     reasons: dict[str, str] = {}
@@ -72,7 +74,7 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
         "max_num_seqs": max_num_seqs,
         "kv_cache_memory_bytes": int(kv_cache_memory_bytes),
         "enforce_eager": enforce_eager,
-        "worker_extension_cls": WORKER_EXTENSION,
+        "worker_extension_cls": worker_extension,
     }
     reasons["worker_extension_cls"] = "lets `run` ask the worker which patches it applied"
     reasons["max_num_seqs"] = (f"{max_num_seqs} sequences decode together; the KV budget is priced "
@@ -91,7 +93,7 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
             f"{rms_norm.ENV_SWITCH}=1: vLLM's _C norm kernels on CPU ({rms_norm.PROVIDER}), "
             "native where the arguments do not fit (or where the build lacks the kernels)")
 
-    from vllm_edge.runtime.hw import probe_cpu
+    from vllm_edge.common.hw import probe_cpu
 
     cores = probe_cpu().allowed_cpus
     env: dict[str, str] = {}

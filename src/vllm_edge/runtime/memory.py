@@ -14,7 +14,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass
 
-from vllm_edge.harness.procmem import rss_anon_kb
+from vllm_edge.common.procmem import rss_anon_kb
 
 logger = logging.getLogger("vllm_edge.runtime.memory")
 

@@ -54,7 +54,7 @@ def _fields(profile: Any) -> tuple[str, dict[str, bool], int]:
 
 
 def select_weight_path(profile: Any, priority: str = "speed") -> WeightPath:
-    """``profile``: a :class:`~vllm_edge.runtime.hw.CpuInfo` or its dict."""
+    """``profile``: a :class:`~vllm_edge.common.hw.CpuInfo` or its dict."""
     if priority not in PRIORITIES:
         raise ValueError(f"priority {priority!r}: expected one of {PRIORITIES}")
     arch, isa, numa = _fields(profile)
@@ -142,17 +142,17 @@ def model_for_engine(model: str, priority: str = "speed", dtype: str = "auto") -
 
     An embedded model gets the path chosen for this CPU, prepared and quantized on first
     use; a model directory runs as stored."""
-    from vllm_edge.models import default, vlm
-    from vllm_edge.runtime import hw
+    from vllm_edge.common import hw
+    from vllm_edge.models import store, vlm
 
     if model == vlm.KEY:
         wpath = for_run(hw.profile(), priority, dtype)
         if wpath.scheme not in (None, "cpu_int4"):
             wpath = WeightPath("cpu_int4", wpath.reasons + [
                 f"{vlm.KEY} has no {wpath.name} build; using cpu_int4"], fallback_from=wpath.name)
-        return default.ensure_model(model, wpath.scheme, wpath.group), wpath
-    if model == "default" or model in default.MODELS:
+        return store.ensure_model(model, wpath.scheme, wpath.group), wpath
+    if model == "default" or model in store.MODELS:
         wpath = for_run(hw.profile(), priority, dtype)
-        return default.ensure_model(model, wpath.scheme, wpath.group), wpath
-    path = default.ensure_model(model)
+        return store.ensure_model(model, wpath.scheme, wpath.group), wpath
+    path = store.ensure_model(model)
     return path, for_checkpoint(path)

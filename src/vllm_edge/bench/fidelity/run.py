@@ -1,0 +1,167 @@
+"""`vllm-edge fidelity`: save a bf16 reference, or score a build against one.
+
+Owns the engine for :mod:`fidelity` (which never starts one). Prefix caching
+is off, since a cached prefix returns no prompt log-probs, and
+``max_logprobs`` covers the reference's top-k.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from vllm_edge.bench.fidelity import engine as fidelity
+from vllm_edge.quant.groups import DEFAULT_GROUP
+
+DEFAULT_CORPUS_CHUNKS = 8  # 8 x 255 scored positions: about a minute of prefill on 2 cores
+LEN_ROUND = 256
+
+# Metrics on the last stdout line, for grid arms.
+LINE_KEYS = {"greedy": ("exact_matches", "kept_fraction", "first_token_agreement"),
+             "teacher_forced": ("top1_agreement", "kl_mean", "kl_median", "kl_p99",
+                                "delta_logprob", "coverage")}
+
+
+def needed_len(prompt_ids: list[list[int]], chunks: list[list[int]], greedy_tokens: int) -> int:
+    n = max([len(p) + greedy_tokens for p in prompt_ids] + [len(c) + 1 for c in chunks])
+    return -(-n // LEN_ROUND) * LEN_ROUND
+
+
+def metric_line(result: dict) -> dict:
+    line: dict[str, Any] = {"benchmark": "fidelity", "build": result["build"]}
+    for part, keys in LINE_KEYS.items():
+        for k in keys:
+            v = result[part].get(k)
+            if v is not None:
+                line[k] = v
+    return line
+
+
+def format_metrics(result: dict) -> str:
+    g, tf = result["greedy"], result["teacher_forced"]
+    return "\n".join([
+        f"greedy divergence over {g['prompts']} prompts: exact {g['exact_matches_str']}, "
+        f"kept before divergence {g['kept_fraction']:.3f}, first-token top-1 {g['first_token_agreement']:.3f}",
+        f"teacher-forced over {tf['positions']} positions (KL over top-{result['kl_k']} + tail): "
+        f"top-1 agreement {tf['top1_agreement']:.4f}, KL mean {tf['kl_mean']:.5f} "
+        f"median {tf['kl_median']:.5f} p99 {tf['kl_p99']:.5f}, "
+        f"delta logprob {tf.get('delta_logprob', float('nan')):+.5f}, coverage {tf['coverage']:.3f}",
+    ])
+
+
+def _engine(path: Path, max_model_len: int, k: int, dtype: str, enforce_eager: bool) -> Any:
+    from vllm_edge.runtime.engine import edge_engine
+
+    edge = edge_engine(path, max_model_len=max_model_len, max_num_seqs=4, dtype=dtype,
+                       enforce_eager=enforce_eager, enable_prefix_caching=False)
+    edge.kwargs.update(max_logprobs=max(20, k), disable_log_stats=True)
+    edge.apply_env()
+    from vllm import LLM
+
+    return LLM(**edge.kwargs), edge
+
+
+def run(model: str, save_ref: str | None = None, ref: str | None = None, out: str | None = None,
+        corpus_chunks: int = DEFAULT_CORPUS_CHUNKS, chunk_len: int = fidelity.DEFAULT_CHUNK,
+        greedy_tokens: int = fidelity.DEFAULT_GREEDY_TOKENS, kl_k: int = fidelity.DEFAULT_KL_K,
+        dtype: str = "bfloat16", enforce_eager: bool = False, quant: str | None = None,
+        group: int = DEFAULT_GROUP) -> dict:
+    from vllm_edge.bench import prompts as P
+    from vllm_edge.common import atomic, provenance
+    from vllm_edge.models import store
+    from vllm_edge.models.store import ensure_model
+
+    if (save_ref is None) == (ref is None):
+        raise ValueError("give exactly one of --save-ref DIR or --ref DIR")
+    if quant and not (model == "default" or model in store.MODELS):
+        raise ValueError(f"--quant applies to an embedded model; {model} is a directory: pass "
+                         "its quantized build's directory instead")
+    path = Path(ensure_model(model, quant, group if quant else None))
+    build = f"{path.name} ({dtype}, {'eager' if enforce_eager else 'compiled'})"
+    if ref is not None:
+        reference = fidelity.load_reference(ref)
+        prompt_ids, chunks, k = reference["prompt_ids"], reference["chunks"], reference["k"]
+        greedy_tokens = reference["meta"].get("greedy_tokens", greedy_tokens)
+    else:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(path))
+        prompt_ids = fidelity.chat_prompt_ids(tok)
+        chunks = P.corpus_chunks(lambda s: tok.encode(s, add_special_tokens=False), chunk_len, corpus_chunks)
+        k = fidelity.DEFAULT_K
+    llm, edge = _engine(path, needed_len(prompt_ids, chunks, greedy_tokens), k, dtype, enforce_eager)
+    data = fidelity.collect(llm, None, k=k, greedy_tokens=greedy_tokens,
+                            prompt_ids=prompt_ids, chunks=chunks)
+    del llm
+    prov = provenance.collect(model=path)
+    if save_ref is not None:
+        fidelity.save_reference(save_ref, data, meta={"model": str(path), "build": build,
+                                                      "greedy_tokens": greedy_tokens,
+                                                      "provenance": prov})
+        result = {"benchmark": "fidelity-reference", "build": build, "model": str(path),
+                  "reference": str(save_ref), "prompts": len(prompt_ids), "chunks": len(chunks),
+                  "k": k, "engine": edge.describe(), "provenance": prov}
+    else:
+        scored = fidelity.score(reference, data, kl_k=kl_k)
+        result = {"benchmark": "fidelity", "build": build, "model": str(path), "reference": str(ref),
+                  "reference_build": reference["meta"].get("build"),
+                  "reference_model": reference["meta"].get("model"), **scored,
+                  "chunks": len(chunks), "engine": edge.describe(), "provenance": prov}
+    if out:
+        atomic.write_json(out, result)
+        result["out"] = str(out)
+    return result
+
+
+def _cmd_fidelity(args: argparse.Namespace) -> int:
+    from vllm_edge.models.store import ModelNotAvailable
+
+    try:
+        result = run(args.model, save_ref=args.save_ref, ref=args.ref, out=args.out,
+                     corpus_chunks=args.corpus_chunks, chunk_len=args.chunk_len,
+                     greedy_tokens=args.greedy_tokens, kl_k=args.kl_k, dtype=args.dtype,
+                     enforce_eager=args.enforce_eager, quant=args.quant, group=args.group)
+    except (ValueError, FileNotFoundError, ModelNotAvailable) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if result["benchmark"] == "fidelity-reference":
+        print(f"[fidelity] saved reference {result['reference']}: {result['prompts']} prompts, "
+              f"{result['chunks']} corpus chunks, top-{result['k']}", file=sys.stderr)
+        print(json.dumps({"benchmark": "fidelity-reference", "reference": result["reference"]}))
+        return 0
+    print(format_metrics(result), file=sys.stderr)
+    if args.out:
+        print(f"[fidelity] wrote {args.out}", file=sys.stderr)
+    print(json.dumps(metric_line(result)), flush=True)
+    return 0
+
+
+def add_fidelity_commands(sub: "argparse._SubParsersAction") -> None:
+    from vllm_edge.quant.groups import GROUPS
+
+    f = sub.add_parser(
+        "fidelity", help="greedy divergence and teacher-forced KL against a saved bf16 reference",
+        description="First save a reference from the bf16 build (--save-ref DIR), then score "
+                    "another build of the same model against it (--ref DIR).")
+    mode = f.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--save-ref", metavar="DIR", help="collect this build's outputs as the reference")
+    mode.add_argument("--ref", metavar="DIR", help="score this build against the reference in DIR")
+    f.add_argument("--model", default="default", help="'default', an embedded key, or a model directory")
+    f.add_argument("--out", default=None, help="write the result JSON with provenance here")
+    f.add_argument("--corpus-chunks", type=int, default=DEFAULT_CORPUS_CHUNKS,
+                   help="pydoc corpus chunks for the teacher-forced part (default %(default)s; "
+                        "with --ref the reference decides)")
+    f.add_argument("--chunk-len", type=int, default=fidelity.DEFAULT_CHUNK, help="tokens per chunk")
+    f.add_argument("--greedy-tokens", type=int, default=fidelity.DEFAULT_GREEDY_TOKENS,
+                   help="greedy tokens per prompt (with --ref the reference decides)")
+    f.add_argument("--kl-k", type=int, default=fidelity.DEFAULT_KL_K,
+                   help="reference top-k ids the KL covers, plus a tail bucket (default %(default)s)")
+    f.add_argument("--dtype", default="bfloat16")
+    f.add_argument("--quant", choices=("cpu_int4", "gptq"), default=None,
+                   help="score the embedded model's quantized build (made once and cached, as `run` does)")
+    f.add_argument("--group", type=int, choices=GROUPS, default=DEFAULT_GROUP, help="group size for --quant")
+    f.add_argument("--enforce-eager", action="store_true", help="skip torch.compile")
+    f.set_defaults(func=_cmd_fidelity)

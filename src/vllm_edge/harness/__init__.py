@@ -1,1 +1,0 @@
-"""Measurement harness: benchmarks, memory, provenance."""

@@ -1,0 +1,131 @@
+"""`vllm-edge run`: load a model in vLLM with the plugin and answer one chat prompt.
+
+Prints the answer, the ready time from process start (imports count), decode
+tokens per second and peak RssAnon summed over the process tree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from vllm_edge.common.procmem import TreeSampler, process_start_epoch
+
+DEFAULT_PROMPT = "What is the capital of France?"
+DEFAULT_SYSTEM = "You are a helpful assistant."
+
+
+def _histogram(metrics: list, name: str) -> tuple[int, float]:
+    count, total = 0, 0.0
+    for m in metrics:
+        if m.name == name and hasattr(m, "count"):
+            count += m.count
+            total += m.sum
+    return count, total
+
+
+def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None = DEFAULT_SYSTEM,
+        max_tokens: int = 64, max_model_len: int = 2048, enforce_eager: bool = False,
+        one_process: bool = True, as_json: bool = False, dtype: str = "auto",
+        priority: str = "speed", images: list[str] | None = None) -> dict[str, Any]:
+    from vllm_edge.models import vlm
+    from vllm_edge.runtime import images as img_mod
+    from vllm_edge.runtime import weight_path
+    from vllm_edge.runtime.engine import edge_engine
+
+    started = process_start_epoch()
+    images = list(images or [])
+    # Every image is read, checked and decoded before any model work, so a bad file costs
+    # no engine start (ImageInputError is a ValueError: the CLI prints it and exits 2).
+    limits = img_mod.ImageLimits.from_env()
+    loaded = [img_mod.load(src, limits) for src in images]
+    if loaded and model == "default":
+        model = vlm.KEY
+        print(f"[vllm-edge] --image: using the embedded vision-language model {vlm.KEY} "
+              "(docs/multimodal.md)", file=sys.stderr)
+    if loaded and vlm.parse_key(model) is None and not Path(model).is_dir():
+        img_mod.check_count(len(loaded), limits, model=model, accepts_images=False)
+    path, wpath = weight_path.model_for_engine(model, priority, dtype)
+    img_mod.check_count(len(loaded), limits, model=str(path),
+                        accepts_images=img_mod.model_accepts_images(path))
+    # always on stderr, even with --json: a fallback is never silent
+    for line in wpath.explain():
+        print(f"[vllm-edge] {line}", file=sys.stderr)
+    with TreeSampler() as sampler:
+        edge = edge_engine(path, max_model_len=max_model_len, enforce_eager=enforce_eager,
+                           one_process=one_process)
+        if img_mod.model_accepts_images(path):
+            edge.kwargs["limit_mm_per_prompt"] = {"image": limits.max_images}
+        edge.apply_env()
+        if not as_json:
+            print(f"[vllm-edge] model: {path}", file=sys.stderr)
+            for line in edge.explain():
+                print(f"[vllm-edge] {line}", file=sys.stderr)
+        t0 = time.time()
+        from vllm import LLM, SamplingParams
+
+        import_s = time.time() - t0
+        llm = LLM(**edge.kwargs, disable_log_stats=False)
+        ready_s = time.time() - started
+        worker = llm.collective_rpc("vllm_edge_report")
+        content: Any = prompt
+        if loaded:
+            content = [*({"type": "image_pil", "image_pil": li.image} for li in loaded),
+                       {"type": "text", "text": prompt}]
+        messages = [{"role": "user", "content": content}]
+        if system:
+            messages.insert(0, {"role": "system", "content": system})
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        t1 = time.time()
+        out = llm.chat(messages, params, use_tqdm=False)[0]
+        gen_s = time.time() - t1
+        metrics = llm.get_metrics()
+        answer = out.outputs[0].text
+        n_tokens = len(out.outputs[0].token_ids)
+        itl_n, itl_sum = _histogram(metrics, "vllm:inter_token_latency_seconds")
+        ttft_n, ttft_sum = _histogram(metrics, "vllm:time_to_first_token_seconds")
+        result = {
+            "pid": os.getpid(),
+            "model": str(path),
+            "prompt": prompt,
+            "images": [{"source": img_mod.describe(li.source), "format": li.format,
+                        "width": li.width, "height": li.height, "bytes": li.nbytes} for li in loaded],
+            "prompt_tokens": len(out.prompt_token_ids or []),
+            "answer": answer,
+            "generated_tokens": n_tokens,
+            "token_ids": list(out.outputs[0].token_ids),
+            "ready_s": round(ready_s, 3),
+            "import_vllm_s": round(import_s, 3),
+            "generate_s": round(gen_s, 3),
+            "ttft_s": round(ttft_sum / ttft_n, 4) if ttft_n else None,
+            "decode_tps": round(itl_n / itl_sum, 2) if itl_sum > 0 else None,
+            "peak_tree_rss_anon_mb": None,
+            "peak_processes": None,
+            "worker": worker,
+            "engine": edge.describe(),
+            "weight_path": wpath.to_dict(),
+        }
+        del llm
+    result["peak_tree_rss_anon_mb"] = round(sampler.peak_mb, 1)
+    result["peak_processes"] = sampler.peak_procs
+    return result
+
+
+def print_result(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        # One line, last: vLLM logs to stdout too, and harnesses read the last JSON line.
+        print(json.dumps(result, default=str), flush=True)
+        return
+    print(result["answer"].strip())
+    print("---")
+    tps = f"{result['decode_tps']:.1f} tok/s" if result["decode_tps"] else "n/a"
+    print(f"ready {result['ready_s']:.1f} s from process start | decode {tps} "
+          f"({result['generated_tokens']} tokens) | peak RssAnon {result['peak_tree_rss_anon_mb']:.0f} MB "
+          f"over {result['peak_processes']} processes")
+    for w in result["worker"]:
+        states = ", ".join(f"{k}={v}" for k, v in w["patches"].items())
+        print(f"worker pid {w['pid']}: patches {states}")

@@ -1,0 +1,237 @@
+"""`vllm-edge serve`: vLLM's own OpenAI-compatible server, started with the edge defaults.
+
+Nothing of the server is re-implemented. This module picks the weights (the hardware
+probe's path, prepared and quantized on first use), prices the KV budget and the threads
+through :func:`vllm_edge.runtime.engine.edge_engine`, chooses the tool-call parser and chat
+template, turns all of that into vLLM's own command-line arguments, and hands vLLM a socket
+it has already bound, so that a busy port fails in a fraction of a second instead of after
+the engine has loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+# The embedded model's own template has no tools; this one renders them for `hermes`.
+TOOL_TEMPLATES = {"smollm2-135m": DATA / "smollm2_tools.jinja"}
+# A chat template that writes calls between these markers is parsed by vLLM's `hermes`.
+HERMES_MARKER = "<tool_call>"
+# Checks every image of a chat request before vLLM sees it (docs/multimodal.md).
+IMAGE_GATE = "vllm_edge.serving.image_gate.ImageGate"
+# vLLM's default ("auto") pins argument schemas only for tools marked strict.
+TOOL_STRICT_LEVEL = "parameter"
+TOOL_STRICT_WHY = ("once the model opens a call, its arguments are held to the tool's JSON "
+                   "schema; unconstrained, SmolLM2-135M forced to call get_weather(city) wrote "
+                   "{\"type\": \"object\", \"properties\": ...} until max_tokens and no call "
+                   "came back. tool_choice=auto may still answer in prose")
+
+
+class ServeError(Exception):
+    """A problem the user can fix (busy port, bad flag); printed without a traceback."""
+
+
+@dataclass
+class ServePlan:
+    model_path: Path
+    served_names: list[str]
+    host: str
+    port: int
+    argv: list[str]  # vLLM's own serve arguments
+    env: dict[str, str]
+    lines: list[str] = field(default_factory=list)  # what was chosen, and why
+    describe: dict[str, Any] = field(default_factory=dict)
+
+
+def port_holder(port: int) -> str | None:
+    """Who listens on ``port`` (pid and command line), when the kernel lets us see it."""
+    try:
+        import psutil
+
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                proc = psutil.Process(conn.pid)
+                return f"pid {conn.pid}: {' '.join(proc.cmdline())[:200]}"
+    except Exception:  # AccessDenied, a process that just exited: the hint is optional
+        return None
+    return None
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """Bind and listen now, before vLLM is even imported; vLLM serves on this socket."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # as vLLM does: a port left in TIME_WAIT by an earlier server is free to take
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            who = port_holder(port)
+            raise ServeError(
+                f"port {port} on {host} is already in use"
+                + (f" (by {who})" if who else "")
+                + "; stop that server or choose another port with --port") from None
+        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    # Listen at once: a bound socket that is not listening does not keep a second
+    # SO_REUSEADDR bind off the port. Connections made while the engine loads wait in
+    # the backlog and are answered once the server is up.
+    sock.listen(128)
+    return sock
+
+
+def choose_tools(key: str | None, model_path: Path, parser: str | None,
+                 template: str | None) -> tuple[str | None, str | None, str]:
+    """(tool-call parser or None, chat template path or None, why)."""
+    if parser == "none":
+        return None, template, "off (--tool-call-parser none): requests with tools get no tool_calls"
+    if key in TOOL_TEMPLATES and parser in (None, "hermes"):
+        chosen = template or str(TOOL_TEMPLATES[key])
+        why = ("hermes: the model speaks ChatML but its own template ignores tools; "
+               f"{'the given template' if template else 'vllm-edge ships ' + TOOL_TEMPLATES[key].name}"
+               " lists them in the system turn and asks for <tool_call>{json}</tool_call>, "
+               "which is what vLLM's hermes parser reads")
+        return "hermes", chosen, why
+    if parser:
+        return parser, template, f"{parser}: given with --tool-call-parser"
+    text = Path(template).read_text() if template else _own_template(model_path)
+    if text and HERMES_MARKER in text:
+        return "hermes", template, (f"hermes: the chat template writes calls as {HERMES_MARKER}"
+                                    "{json}</tool_call>, the format vLLM's hermes parser reads")
+    return None, template, ("off: no parser known for this model's chat template; pass "
+                            "--tool-call-parser NAME (see docs/serve.md)")
+
+
+def _own_template(model_path: Path) -> str | None:
+    jinja = model_path / "chat_template.jinja"
+    if jinja.exists():
+        return jinja.read_text()
+    cfg = model_path / "tokenizer_config.json"
+    if cfg.exists():
+        tmpl = json.loads(cfg.read_text()).get("chat_template")
+        return tmpl if isinstance(tmpl, str) else json.dumps(tmpl)
+    return None
+
+
+def vllm_flags(kwargs: dict[str, Any]) -> list[str]:
+    """Engine keyword arguments as vLLM's own command-line flags."""
+    argv: list[str] = []
+    for key, value in kwargs.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else f"--no-{key.replace('_', '-')}")
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
+         max_model_len: int = 2048, max_num_seqs: int = 4, enforce_eager: bool = False,
+         dtype: str = "auto", priority: str = "speed", multiprocess: bool = False,
+         tool_call_parser: str | None = None, chat_template: str | None = None,
+         served_model_name: list[str] | None = None, extra: list[str] | None = None) -> ServePlan:
+    from vllm_edge.models import store
+    from vllm_edge.runtime import images, weight_path
+    from vllm_edge.runtime.engine import edge_engine
+
+    path, wpath = weight_path.model_for_engine(model, priority, dtype)
+    key = store.resolve_key(model).key if (model == "default" or model in store.MODELS) else None
+    edge = edge_engine(path, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                       enforce_eager=enforce_eager, one_process=not multiprocess, server=True)
+    names = served_model_name or ([key, "default"] if key else [model])
+    parser, template, tools_why = choose_tools(key, Path(path), tool_call_parser, chat_template)
+
+    argv = vllm_flags(edge.kwargs)
+    argv += ["--served-model-name", *names, "--host", host, "--port", str(port)]
+    if template:
+        argv += ["--chat-template", template]
+    if parser:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", parser,
+                 "--tool-strict-level", TOOL_STRICT_LEVEL]
+    image_lines, limits = [], None
+    if images.model_accepts_images(path):
+        limits = images.ImageLimits.from_env()  # a bad VLLM_EDGE_MAX_IMAGE* fails here, not at start
+        argv += ["--limit-mm-per-prompt", json.dumps({"image": limits.max_images}),
+                 "--middleware", IMAGE_GATE]
+        image_lines = [
+            f"limit_mm_per_prompt={{image: {limits.max_images}}} (VLLM_EDGE_MAX_IMAGES)",
+            f"image gate: {IMAGE_GATE} answers a corrupt, truncated, unsupported "
+            f"(not {'/'.join(limits.formats)}), oversized (over {limits.max_bytes} bytes, "
+            "VLLM_EDGE_MAX_IMAGE_BYTES, or over "
+            f"{limits.max_pixels} pixels, VLLM_EDGE_MAX_IMAGE_PIXELS) or non-data-URL image "
+            "with a 400/413/415 naming it, before vLLM sees the request"]
+    argv += list(extra or [])  # after ours, so a user's vLLM flag wins
+
+    lines = [f"model: {path}", *wpath.explain(), *edge.explain(),
+             f"served model names: {', '.join(names)} (requests may use any of them)",
+             f"tool calls: {tools_why}", *image_lines]
+    if parser:
+        lines.append(f"tool strict level: {TOOL_STRICT_LEVEL}: {TOOL_STRICT_WHY}")
+    if template:
+        lines.append(f"chat template: {template}")
+    if extra:
+        lines.append(f"extra vLLM arguments: {' '.join(extra)}")
+    describe = {"engine": edge.describe(), "weight_path": wpath.to_dict(),
+                "tool_call_parser": parser, "chat_template": template, "vllm_argv": argv,
+                "image_limits": dataclasses.asdict(limits) if limits else None}
+    return ServePlan(Path(path), names, host, port, argv, dict(edge.env), lines, describe)
+
+
+def run_vllm(p: ServePlan, sock: socket.socket) -> None:
+    """Parse ``p.argv`` with vLLM's own serve parser and run its server on ``sock``."""
+    import os
+    import signal
+
+    os.environ.update(p.env)
+
+    def _stop_during_start(*_: object) -> None:
+        # uvicorn installs its own handler once it serves; before that, stop loading
+        raise KeyboardInterrupt("terminated")
+
+    signal.signal(signal.SIGTERM, _stop_during_start)
+
+    import uvloop
+    from vllm.entrypoints.launchers.api_server.entry import run_server_worker
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.entrypoints.launchers.launcher import validate_api_server_args
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cli_env_setup()  # as `vllm serve` does: spawn, not fork, for the engine-core process
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm-edge serve (vLLM arguments)"))
+    args = parser.parse_args(p.argv)
+    configure_logging_from_args(args)
+    validate_parsed_serve_args(args)
+    validate_api_server_args(args)
+    host = f"[{p.host}]" if ":" in p.host else p.host
+    uvloop.run(run_server_worker(f"http://{host}:{p.port}", sock, args))
+
+
+def main(model: str, **options: Any) -> int:
+    host, port = options["host"], options["port"]
+    try:
+        sock = bind(host, port)
+    except ServeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    p = plan(model, **options)
+    for line in p.lines:
+        print(f"[vllm-edge] {line}", file=sys.stderr, flush=True)
+    print(f"[vllm-edge] listening on http://{host}:{port}/v1 once the engine is ready "
+          "(GET /health answers 200 then)", file=sys.stderr, flush=True)
+    try:
+        run_vllm(p, sock)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        sock.close()
+    return 0

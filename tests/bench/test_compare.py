@@ -1,0 +1,212 @@
+"""`vllm-edge compare`: its grid specs, its pair verdicts, and docs/comparisons.md rendered from
+real grid summaries of fake arms (no engine starts here)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_edge.bench import compare, speed
+from vllm_edge.bench.grid import runner as grid
+from vllm_edge.common import stats
+
+# What llama.cpp arms printed before they decoded batches (old artifacts must still render).
+OLD_BATCH_NOTE = "unsupported in llama-cpp-python's API"
+
+PATHS = {"vllm-bf16": Path("/m/bf16"), "vllm-cpu_int4": Path("/m/int4"),
+         "llamacpp-BF16": Path("/g/m.bf16.gguf"), "llamacpp-Q4_K_M": Path("/g/m.bf16.Q4_K_M.gguf"),
+         "llamacpp-Q4_0": Path("/g/m.bf16.Q4_0.gguf"), "llamacpp-Q8_0": Path("/g/m.bf16.Q8_0.gguf")}
+
+
+def _flag(cmd: list[str], name: str) -> str:
+    return cmd[cmd.index(name) + 1]
+
+
+def test_speed_spec_runs_both_engines_through_the_same_keys_and_threads():
+    spec = grid.load_spec(compare.build_spec(PATHS, threads=2, cores=[0, 1], batch=8, reps=1))
+    assert [a.name for a in spec["arms"]] == list(PATHS)
+    assert spec["metrics"] == [speed.tg_key(128), speed.pp_key(512), speed.batch_key(8), "load_s",
+                               "peak_rss_anon_mb"]
+    for arm in spec["arms"]:
+        assert _flag(arm.cmd, "--threads") == "2" and _flag(arm.cmd, "--batch") == "8"
+        assert _flag(arm.cmd, "--reps") == "1"
+        llama = arm.name.startswith("llamacpp-")
+        assert ("vllm_edge.bench.llamacpp.arm" in arm.cmd) == llama
+        assert ("speed" in arm.cmd) == (not llama)  # `vllm-edge bench speed`
+        assert ("--no-mmap" in arm.cmd) == llama  # weights in RssAnon on both sides
+    assert spec["cores"] == [0, 1]
+
+
+def test_fidelity_spec_scores_each_engine_against_its_own_bf16(tmp_path):
+    spec = compare.fidelity_spec(PATHS, ref_dir=tmp_path / "ref", out_dir=tmp_path / "fid", threads=2,
+                                 greedy_tokens=16, chunks=2)
+    arms = {a["name"]: a["cmd"] for a in spec["arms"]}
+    assert list(arms)[0] == compare.REF_ARM  # one pass keeps spec order: the reference exists first
+    assert _flag(arms[compare.REF_ARM], "--save-ref") == _flag(arms["vllm-cpu_int4"], "--ref")
+    assert _flag(arms[compare.REF_ARM], "--model") == str(PATHS["vllm-bf16"])
+    for q in compare.GGUF_QUANTS:
+        cmd = arms[f"llamacpp-{q}"]
+        assert _flag(cmd, "--ref") == str(PATHS["llamacpp-BF16"])
+        assert _flag(cmd, "--cand") == str(PATHS[f"llamacpp-{q}"])
+        assert _flag(cmd, "--tokenizer") == str(PATHS["vllm-bf16"])
+        assert _flag(cmd, "--chunks") == "2" and _flag(cmd, "--greedy-tokens") == "16"
+    # Same corpus size, greedy length and KL definition on both engines.
+    assert _flag(arms["vllm-cpu_int4"], "--corpus-chunks") == "2"
+    assert _flag(arms["vllm-cpu_int4"], "--greedy-tokens") == "16"
+    assert _flag(arms["vllm-cpu_int4"], "--kl-k") == _flag(arms["llamacpp-Q4_K_M"], "--kl-k")
+    grid.load_spec(spec)
+
+
+def test_builds_derive_from_one_bf16_directory():
+    b = compare.builds("default")
+    assert b["llamacpp-Q4_0"].name == "smollm2-135m.bf16.Q4_0.gguf"
+    assert b["llamacpp-BF16"].parent == b["llamacpp-Q8_0"].parent
+    s = compare.builds(synthetic_1b=True)
+    assert s["vllm-bf16"].name == "synthetic-llama-1b" and s["vllm-cpu_int4"].name == "synthetic-llama-1b-cpu_int4-g64"
+    assert s["llamacpp-Q4_K_M"].name == "synthetic-llama-1b.bf16.Q4_K_M.gguf"
+
+
+def _s(values: list[float], metric: str) -> dict:
+    return stats.summarize(values, metric)
+
+
+def test_pair_verdict_follows_direction_and_noise():
+    # llama.cpp clearly faster at decode: ratio < 1 and llama.cpp ahead.
+    v = compare.pair_verdict("tg128_tps", _s([50, 52, 51], "tg128_tps"), _s([100, 101, 99], "tg128_tps"))
+    assert v["ratio"] == pytest.approx(51 / 100) and v["verdict"] == "llama.cpp ahead"
+    # Lower is better for memory: vLLM's smaller peak wins.
+    v = compare.pair_verdict("peak_rss_anon_mb", _s([300, 301, 302], "peak_rss_anon_mb"),
+                             _s([500, 505, 510], "peak_rss_anon_mb"))
+    assert v["verdict"] == "vLLM ahead"
+    # Overlapping ranges, or a single run, are not a ranking.
+    v = compare.pair_verdict("pp512_tps", _s([90, 110, 100], "pp512_tps"), _s([95, 105, 100], "pp512_tps"))
+    assert v["verdict"] == stats.NOT_A_RANKING
+    assert compare.pair_verdict("pp512_tps", _s([50], "pp512_tps"), _s([100], "pp512_tps"))["verdict"] \
+        == stats.NOT_A_RANKING
+    assert compare.pair_verdict("b8_tg_tps", _s([50], "b8_tg_tps"), _s([], "b8_tg_tps"))["ratio"] is None
+
+
+def _speed_line(tg, pp, load, peak, batch=None, llama=False, old=False):
+    line = {"benchmark": "speed", "tg128_tps": tg, "pp512_tps": pp, "load_s": load, "peak_rss_anon_mb": peak}
+    if llama:
+        line["engine"] = "llama.cpp"
+    if old:  # an old llama.cpp arm: no batch number, the reason instead
+        line["batch"] = OLD_BATCH_NOTE
+    else:
+        line["b8_tg_tps"] = batch
+    return line
+
+
+def _write_compare_out(fake_arm, grid_kwargs, tmp_path, old_llama: bool = False) -> Path:
+    """A compare output directory written by the real grid from fake arms."""
+    out = tmp_path / "results" / "compare"
+    ll = lambda *a: _speed_line(*a, llama=True, old=old_llama)  # noqa: E731
+    v = {"vllm-bf16": [_speed_line(40, 800, 17, 1100, 150), _speed_line(42, 820, 16, 1120, 155),
+                       _speed_line(41, 810, 16.5, 1110, 152)],
+         "vllm-cpu_int4": [_speed_line(70, 700, 18, 840, 200), _speed_line(75, 690, 17, 845, 210),
+                           _speed_line(72, 710, 17.5, 850, 205)],
+         "llamacpp-BF16": [ll(80, 700, 0.2, 400, 300), ll(80, 700, 0.2, 400, 310), ll(80, 700, 0.2, 400, 305)],
+         "llamacpp-Q4_K_M": [ll(110, 480, 0.2, 300, 190), ll(112, 490, 0.2, 302, 195),
+                             ll(108, 485, 0.2, 301, 192)],
+         "llamacpp-Q4_0": [ll(71, 650, 0.2, 280, 250), ll(80, 700, 0.2, 280, 260), ll(74, 660, 0.2, 280, 255)],
+         "llamacpp-Q8_0": [ll(100, 460, 0.2, 330, 280)] * 3}
+    spec = {"name": "compare-speed", "metrics": compare.speed_metrics(),
+            "arms": [fake_arm(n, vals) for n, vals in v.items()]}
+    grid.run_grid(spec, 3, out / "speed", **{k: v for k, v in grid_kwargs.items() if k != "out_dir"})
+    fid = {"vllm-cpu_int4": {"exact_matches": 5, "kept_fraction": 0.6, "first_token_agreement": 0.9,
+                             "top1_agreement": 0.92, "kl_mean": 0.04, "kl_median": 0.01, "kl_p99": 0.5,
+                             "delta_logprob": -0.03, "coverage": 0.99},
+           "llamacpp-Q4_K_M": {"exact_matches": 4, "kept_fraction": 0.5, "first_token_agreement": 0.9,
+                               "top1_agreement": 0.906, "kl_mean": 0.05, "kl_median": 0.02, "kl_p99": 0.6,
+                               "delta_logprob": -0.04, "coverage": 1.0, "kl_full_mean": 0.054}}
+    fspec = {"name": "compare-fidelity", "metrics": compare.FIDELITY_METRICS,
+             "arms": [fake_arm(compare.REF_ARM, [{"benchmark": "fidelity-reference"}])]
+             + [fake_arm(n, [vals]) for n, vals in fid.items()]}
+    fspec["arms"][-1]["cmd"] += ["--greedy-tokens", "32"]
+    work = {k: v for k, v in grid_kwargs.items() if k not in ("out_dir", "lock_path")}
+    grid.run_grid(fspec, 1, out / "fidelity", lock_path=tmp_path / "l2", **work)
+    (out / "fidelity" / "llamacpp-Q4_K_M.json").write_text(json.dumps(
+        {"greedy": {"exact_matches_str": "4/12"}, "teacher_forced": {"positions": 1020}, "kl_k": 10}))
+    return out
+
+
+@pytest.fixture
+def compare_out(fake_arm, grid_kwargs, tmp_path):
+    return _write_compare_out(fake_arm, grid_kwargs, tmp_path)
+
+
+def test_doc_has_a_table_per_metric_ratios_flags_and_linked_sources(compare_out, tmp_path):
+    doc = tmp_path / "docs" / "comparisons.md"
+    res = compare.write_doc(compare_out, doc)
+    text = doc.read_text()
+    (tmp_path / "last_doc.md").write_text(text)
+    for m in compare.speed_metrics():
+        assert f"(`{m}`)" in text, m
+    assert text.count("### ") >= 7  # how, headline, 5 metrics, fidelity
+    # Decode: cpu_int4 median 72 vs Q4_K_M 110, ranges apart -> llama.cpp ahead, said so.
+    assert "0.65× (llama.cpp ahead)" in text
+    assert re.search(r"\*\*Where llama\.cpp wins:\*\*.*tg128_tps", text)
+    # Q4_0's decode range (71-80) overlaps cpu_int4's (70-75): not a ranking.
+    assert "vs Q4_0: 0.97× (NOT A RANKING)" in text
+    # Memory: lower is better, vLLM's larger peak loses.
+    assert "2.81× (llama.cpp ahead)" in text
+    # Batch: a real llama.cpp number and ratio. bf16 152 vs BF16 305, ranges apart; cpu_int4 205 vs
+    # Q4_K_M 192 (190-195 against 200-210): vLLM ahead.
+    assert "| vllm-bf16 / llamacpp-BF16 | b8_tg_tps | 152 | 305 | 0.50× (llama.cpp ahead) |" in text
+    assert "| vllm-cpu_int4 / llamacpp-Q4_K_M | b8_tg_tps | 205 | 192 | 1.07× (vLLM ahead) |" in text
+    assert "not measured" not in text and OLD_BATCH_NOTE not in text
+    # Grid flags carried over: Q4_0's decode spread is 12%.
+    assert "NOISY" in text
+    # Fidelity, each against its own bf16, with the KL ratio and the exact string from the artifact.
+    assert "| vllm-cpu_int4 | vllm-bf16 | 5 |" in text and "| llamacpp-Q4_K_M | llamacpp-BF16 | 4/12 |" in text
+    assert "0.80× (KL vs Q4_K_M's)" in text
+    assert "1020 corpus positions" in text and "32 greedy tokens" in text
+    # Every source link resolves from the doc's directory; every figure exists and is linked.
+    for target in re.findall(r"\]\(([^)]+)\)", text):
+        assert (doc.parent / target).exists(), target
+    assert [Path(p).name for p in res["plots"]] == ["compare_speed.png", "compare_fidelity.png"]
+    for p in res["plots"]:
+        assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Source:" in text.split("compare_speed.png")[1][:400]
+
+
+def test_old_artifacts_without_llamacpp_batch_still_render(fake_arm, grid_kwargs, tmp_path):
+    out = _write_compare_out(fake_arm, grid_kwargs, tmp_path, old_llama=True)
+    doc = tmp_path / "old.md"
+    proc = subprocess.run([sys.executable, "-m", "vllm_edge.cli", "compare", "--render-only",
+                           "--out", str(out), "--doc", str(doc)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = doc.read_text()
+    # The old arms' reason stands in place of the ratio, in the headline and the batch table.
+    assert f"| vllm-bf16 / llamacpp-BF16 | b8_tg_tps | 152 | – | llama.cpp arm: {OLD_BATCH_NOTE} |" in text
+    assert f"not measured: {OLD_BATCH_NOTE}" in text
+    assert "0.65× (llama.cpp ahead)" in text  # the other metrics are unaffected
+
+
+def test_regeneration_keeps_hand_written_text(compare_out, tmp_path):
+    doc = tmp_path / "comparisons.md"
+    doc.write_text("# Mine\n\nA note by hand.\n\n" + compare.BEGIN + "\nold\n" + compare.END + "\n\nAfter.\n")
+    compare.write_doc(compare_out, doc)
+    text = doc.read_text()
+    assert text.startswith("# Mine\n\nA note by hand.") and text.rstrip().endswith("After.")
+    assert "\nold\n" not in text and "Headline ratios" in text
+
+
+def test_smoke_runs_are_marked(compare_out, tmp_path):
+    (compare_out / "compare.json").write_text(json.dumps({"smoke": True, "command": "vllm-edge compare --smoke"}))
+    doc = tmp_path / "c.md"
+    compare.write_doc(compare_out, doc)
+    assert "SMOKE RUN" in doc.read_text()
+
+
+def test_render_only_without_artifacts_names_the_file(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "vllm_edge.cli", "compare", "--render-only",
+                           "--out", str(tmp_path / "none"), "--doc", str(tmp_path / "c.md")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert str(tmp_path / "none" / "speed" / "summary.json") in proc.stderr

@@ -1,0 +1,46 @@
+"""`vllm-edge run` as the README runs it: the edge one-process mode on the default model."""
+
+from __future__ import annotations
+
+import pytest
+
+from support.cli_runner import run_cli
+from vllm_edge.common.jsonline import last_json_line
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def result(default_model_dir):
+    proc = run_cli("run", "--json", "--max-tokens", "24")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return last_json_line(proc.stdout)
+
+
+def test_answers_paris(result):
+    assert "Paris" in result["answer"]
+
+
+def test_one_process_with_patches_applied(result):
+    (worker,) = result["worker"]
+    assert worker["pid"] == result["pid"]  # engine core and worker live in the run process
+    assert set(worker["patches"].values()) == {"applied"}
+    assert result["engine"]["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+def test_reports_ready_decode_and_memory(result):
+    assert 0 < result["ready_s"] < 900
+    assert result["decode_tps"] and result["decode_tps"] > 0
+    assert result["peak_tree_rss_anon_mb"] > 200  # torch + vLLM + weights, at the least
+    assert result["generated_tokens"] > 0
+
+
+def test_runs_the_chosen_weight_path(result):
+    from vllm_edge.common import hw
+    from vllm_edge.runtime import weight_path
+
+    expect = weight_path.for_run(hw.profile())  # cpu_int4 g64 on a CPU without AMX
+    wp = result["weight_path"]
+    assert (wp["name"], wp["scheme"], wp["group"]) == (expect.name, expect.scheme, expect.group)
+    assert wp["reasons"] == expect.reasons
+    assert result["model"].endswith(f"smollm2-135m-{expect.scheme}-g{expect.group}")

@@ -1,0 +1,186 @@
+"""The parts of `serve` and `bench soak` that need no engine."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from vllm_edge.bench import soak
+from vllm_edge.serving import serve
+
+
+def test_busy_port_is_a_clear_error():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(serve.ServeError, match=rf"port {port} on 127.0.0.1 is already in use"):
+            serve.bind("127.0.0.1", port)
+    sock = serve.bind("127.0.0.1", port)  # free again
+    sock.close()
+
+
+def test_engine_kwargs_become_vllm_flags_vllm_accepts():
+    flags = serve.vllm_flags({"model": "/m", "max_model_len": 2048, "enforce_eager": False,
+                              "enable_prefix_caching": True, "kv_cache_memory_bytes": 123,
+                              "worker_extension_cls": "a.B", "quantization": None})
+    assert flags == ["--model", "/m", "--max-model-len", "2048", "--no-enforce-eager",
+                     "--enable-prefix-caching", "--kv-cache-memory-bytes", "123",
+                     "--worker-extension-cls", "a.B"]
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(flags)
+    assert (args.model, args.max_model_len, args.enforce_eager, args.enable_prefix_caching,
+            args.kv_cache_memory_bytes, args.worker_extension_cls) == ("/m", 2048, False, True, 123, "a.B")
+
+
+def test_plan_for_the_default_model(default_model_dir):
+    p = serve.plan("default", port=8123, enforce_eager=True)
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(p.argv)
+    assert args.served_model_name == ["smollm2-135m", "default"]
+    assert args.tool_call_parser == "hermes" and args.enable_auto_tool_choice
+    assert args.tool_strict_level == "parameter"
+    assert args.chat_template == str(serve.TOOL_TEMPLATES["smollm2-135m"])
+    assert args.kv_cache_memory_bytes == p.describe["engine"]["engine_args"]["kv_cache_memory_bytes"]
+    assert (args.host, args.port, args.enforce_eager) == ("127.0.0.1", 8123, True)
+    assert p.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert any(line.startswith("weight path:") for line in p.lines)
+    # a user's vLLM flag after `--` wins
+    p2 = serve.plan("default", extra=["--max-num-seqs", "2"])
+    assert make_arg_parser(FlexibleArgumentParser()).parse_args(p2.argv).max_num_seqs == 2
+
+
+def test_tool_parser_choice_for_other_models(tmp_path):
+    (tmp_path / "chat_template.jinja").write_text("{{ messages }} <tool_call>{{ x }}</tool_call>")
+    assert serve.choose_tools(None, tmp_path, None, None)[0] == "hermes"
+    (tmp_path / "chat_template.jinja").write_text("{{ messages }}")
+    parser, _, why = serve.choose_tools(None, tmp_path, None, None)
+    assert parser is None and "--tool-call-parser" in why
+    assert serve.choose_tools(None, tmp_path, "llama3_json", None)[0] == "llama3_json"
+    assert serve.choose_tools("smollm2-135m", tmp_path, "none", None)[0] is None
+
+
+def test_tool_template_matches_the_model_without_tools(default_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(default_model_dir)
+    ours = serve.TOOL_TEMPLATES["smollm2-135m"].read_text()
+    for msgs in ([{"role": "user", "content": "hi"}],
+                 [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"},
+                  {"role": "assistant", "content": "yo"}, {"role": "user", "content": "and?"}]):
+        assert (tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+                == tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True,
+                                           chat_template=ours))
+
+
+def test_tool_template_renders_tools_calls_and_results(default_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(default_model_dir)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    msgs = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "1", "content": "sunny"}]
+    text = tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=True,
+                                   chat_template=serve.TOOL_TEMPLATES["smollm2-135m"].read_text())
+    listed = text.split("<tools>\n")[1].split("</tools>")[0]
+    assert json.loads(listed)["name"] == "get_weather"
+    call = text.split("<tool_call>\n")[2].split("\n</tool_call>")[0]  # [1] is the instruction
+    assert json.loads(call) == {"name": "get_weather", "arguments": {"city": "Paris"}}
+    assert "<tool_response>\nsunny\n</tool_response>" in text
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_soak_refuses_non_loopback():
+    assert soak.require_loopback("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
+    assert soak.require_loopback("http://localhost:8000")
+    with pytest.raises(soak.SoakError, match="loopback only"):
+        soak.require_loopback("http://8.8.8.8:8000")
+
+
+def test_tool_outcome_classes():
+    def body(calls, content=None):
+        return {"choices": [{"message": {"content": content, "tool_calls": calls}}]}
+
+    good = [{"function": {"name": "f", "arguments": '{"a": 1}'}}]
+    assert soak._tool_class(body(good), "required") == "ok_tool_calls"
+    assert soak._tool_class(body(good), {"type": "function", "function": {"name": "g"}}) == "tool_wrong_function"
+    assert soak._tool_class(body([{"function": {"name": "f", "arguments": "{bad"}}]), "auto") \
+        == "tool_arguments_invalid_json"
+    assert soak._tool_class(body([], "prose"), "auto") == "ok_no_tool_call"
+    assert soak._tool_class(body([], "prose"), "required") == "tool_call_missing"
+    cut = body([], '<tool_call>\n{"name": "f", "arguments": {"a": "rambl')
+    cut["choices"][0]["finish_reason"] = "length"
+    assert soak._tool_class(cut, "required") == "tool_call_cut_at_max_tokens"
+
+
+def test_soak_summary_flags_errors_and_memory():
+    o = [soak.Outcome("stream", "ok", 1, 2.0, 200, 0.5, 0.05, 10),
+         soak.Outcome("nonstream", "http_500", 2, 1.0, 500),
+         soak.Outcome("overlong", "rejected_overlong", 3, 0.1, 400)]
+    flat = [(100.0 + i, 1000.0 + (i % 2), 2) for i in range(20)]
+    s = soak._summary(o, flat, 100.0, 5, 20)
+    assert s["http_5xx"] == 1 and s["errors"] == {"http_500": 1} and not s["passed"]
+    assert s["rss_anon"]["flat_within_5pct"] and s["ttft_s"]["p50"] == 0.5
+    rising = [(100.0 + i, 1000.0 + 10 * i, 2) for i in range(20)]
+    r = soak._summary(o[:1], rising, 100.0, 5, 20)
+    assert not r["rss_anon"]["flat_within_5pct"] and r["rss_anon"]["drift_pct"] > 5
+
+
+def test_sse_lines_split_on_newlines_only():
+    # U+2028 and U+0085 are legal unescaped inside JSON strings; splitting on them (as httpx's
+    # aiter_lines does) breaks a chunk in two.
+    import asyncio
+    import json
+
+    from vllm_edge.bench.soak import sse_lines
+
+    chunk = json.dumps({"choices": [{"delta": {"content": "a\u2028b\x85c"}}]}, ensure_ascii=False)
+    wire = f"data: {chunk}\r\n\r\ndata: [DONE]\n\n"
+
+    class Resp:
+        async def aiter_text(self):
+            for i in range(0, len(wire), 7):  # chunk boundaries fall anywhere, \r\n included
+                yield wire[i:i + 7]
+
+    async def collect():
+        return [line async for line in sse_lines(Resp())]
+
+    data = [line[6:] for line in asyncio.run(collect()) if line.startswith("data: ")]
+    assert data == [chunk, "[DONE]"]
+    assert json.loads(data[0])["choices"][0]["delta"]["content"] == "a\u2028b\x85c"
+
+
+def test_plan_for_the_vlm_gates_images(monkeypatch):
+    """An image model gets vLLM's image limit and the image gate, from the environment."""
+    from vllm_edge.models import vlm
+
+    if not vlm.ready("cpu_int4", 32, False):
+        pytest.skip("the VLM's cpu_int4 build is not cached (vllm-edge models build-vlm --quant cpu_int4)")
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    monkeypatch.setenv("VLLM_EDGE_MAX_IMAGES", "3")
+    p = serve.plan("smolvlm-135m", dtype="auto")
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(p.argv)
+    assert args.middleware == [serve.IMAGE_GATE]
+    assert args.limit_mm_per_prompt == {"image": 3}
+    assert p.describe["image_limits"]["max_images"] == 3
+    assert any(line.startswith("image gate: ") for line in p.lines)
+    monkeypatch.setenv("VLLM_EDGE_MAX_IMAGES", "-1")
+    with pytest.raises(ValueError, match="VLLM_EDGE_MAX_IMAGES=-1"):
+        serve.plan("smolvlm-135m")
+
+
+def test_plan_for_a_text_model_has_no_gate(default_model_dir):
+    argv = serve.plan("default").argv
+    assert "--middleware" not in argv and "--limit-mm-per-prompt" not in argv

@@ -54,13 +54,13 @@ _declare(
 _declare(
     "VLLM_EDGE_PATCH_KV_BUDGET", "bool", True,
     "Let an explicit kv_cache_memory_bytes win over VLLM_CPU_KVCACHE_SPACE (patches/kv_budget.py).",
-    "tests/test_engine_levers.py: with VLLM_CPU_KVCACHE_SPACE=1 set, the KV tokens vLLM "
+    "tests/test_levers_engine.py: with VLLM_CPU_KVCACHE_SPACE=1 set, the KV tokens vLLM "
     "allocates follow the explicit budget only when the patch is on.",
 )
 _declare(
     "VLLM_EDGE_PATCH_ARENA_RELEASE", "bool", True,
     "Return freed heap to the OS after the worker's load_model and warm-up (patches/arena_release.py).",
-    "tests/test_engine_levers.py and benchmarks/results/: RssAnon of the worker before and after.",
+    "tests/test_levers_engine.py and benchmarks/results/: RssAnon of the worker before and after.",
 )
 _declare(
     "VLLM_EDGE_LOG_LEVEL", "str", "INFO",

@@ -28,7 +28,7 @@ logger = logging.getLogger("vllm_edge.models")
 CONVERTER_VERSION = "synthetic/2"
 ARCHES = ("llama", "qwen2", "qwen3")
 # Trained Qwen2 q/k/v biases are O(1) while its weights are O(0.02); a bias this size also
-# makes a dropped bias visible in the output (tests/quant/test_second_arch.py).
+# makes a dropped bias visible in the output (tests/quant/test_second_arch_engine.py).
 QWEN2_BIAS_STD = 0.5
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "generation_config.json")

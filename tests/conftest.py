@@ -40,6 +40,15 @@ def vlm_int4_dir(default_model_dir) -> Path:
     return vlm.prepare_quantized(default_model_dir, "cpu_int4", DEFAULT_GROUP, progress=False)
 
 
+@pytest.fixture
+def disk_full(monkeypatch):
+    """Every safetensors save fails with RuntimeError("disk full"), as a full disk would."""
+    def boom(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr("safetensors.torch.save_file", boom)
+
+
 def _run_llm(fn, **llm_kwargs):
     from vllm import LLM
     from vllm.distributed import cleanup_dist_env_and_memory

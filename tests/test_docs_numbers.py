@@ -254,3 +254,23 @@ def test_the_cli_reference_names_every_command():
     named = set(re.findall(r"`(vllm-edge [a-z-]+(?: [a-z][a-z-]+)?)", text))
     stale = sorted(n for n in named if n not in commands and n.rsplit(" ", 1)[0] not in leaves)
     assert not stale, f"docs/reference/cli.md names commands that do not exist: {stale}"
+
+
+def test_report_splices_the_readme_region(tmp_path, no_plots):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Mine\n\nBy hand.\n\n{claims.BEGIN}\nstale\n{claims.END}\n\nAfter.\n")
+    out = report.report(REPO / RESULTS, tmp_path / "results.md", tmp_path / "plots", readme=readme)
+    text = readme.read_text()
+    assert out["readme"] == str(readme)
+    assert text.startswith("# Mine\n\nBy hand.") and text.rstrip().endswith("After.")
+    assert "stale" not in text and "| figure | value | flags | build | artifact |" in text
+    assert not readme_mismatches(text, REPO / RESULTS, readme)
+
+
+def test_only_a_repositorys_results_own_a_readme(tmp_path):
+    assert report.default_readme(REPO / RESULTS) == README
+    assert report.default_readme(tmp_path / "results") is None
+    # a README without the markers is left alone
+    plain = tmp_path / "README.md"
+    plain.write_text("# no markers\n")
+    assert report.splice_readme(REPO / RESULTS, plain) is False and plain.read_text() == "# no markers\n"

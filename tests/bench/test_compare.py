@@ -1,4 +1,4 @@
-"""`vllm-edge compare`: its grid specs, its pair verdicts, and docs/comparisons.md rendered from
+"""`vllm-edge compare`: its grid specs, its pair verdicts, and docs/results/comparisons.md rendered from
 real grid summaries of fake arms (no engine starts here)."""
 
 from __future__ import annotations

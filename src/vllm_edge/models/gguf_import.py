@@ -24,9 +24,9 @@ logger = logging.getLogger("vllm_edge.models")
 CONVERTER_VERSION = "gguf-import/1"
 
 # Architectures whose conversion we have checked. transformers mis-converts
-# others (gemma3 gives degenerate text where llama.cpp is correct: design.md §6).
+# others (gemma3 gives degenerate text where llama.cpp is correct: docs/guide/llama-cpp.md, "Gemma 3 270M").
 SUPPORTED_ARCHS = {"llama"}
-# What we found for refused architectures we tried (docs/llama-cpp.md).
+# What we found for refused architectures we tried (docs/guide/llama-cpp.md).
 ARCH_FINDINGS = {
     "gemma3": (
         "Checked against llama.cpp on gemma-3-270m Q4_K_M: transformers' dequantized weights and "

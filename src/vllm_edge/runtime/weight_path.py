@@ -1,7 +1,7 @@
 """Which weights run on this CPU: vLLM's W4A8 GPTQ path, our ``cpu_int4`` (W4A16), or bf16.
 
 :func:`select_weight_path` is pure: a hardware profile in, a path and its reasons out
-(design.md §3 gives the facts). :func:`for_run` applies what ``vllm-edge run`` can
+(docs/design/cpu-int4.md gives the facts). :func:`for_run` applies what ``vllm-edge run`` can
 actually build today on top of it, and says so whenever it departs from the choice.
 
 Why ``fidelity`` picks ``cpu_int4`` and not bf16: W4A16 and W4A8 share 4-bit weights;
@@ -17,7 +17,8 @@ from typing import Any
 
 PATHS = ("gptq_w4a8", "cpu_int4", "bf16")
 PRIORITIES = ("speed", "fidelity")
-# the quantized checkpoint each path runs (scheme, group); cpu_int4 g32: docs/cpu-4bit.md, "Group size"
+# the quantized checkpoint each path runs (scheme, group); cpu_int4 g32: docs/design/cpu-int4.md,
+# "Group size and the tied head"
 CHECKPOINT = {"gptq_w4a8": ("gptq", 64), "cpu_int4": ("cpu_int4", 32), "bf16": (None, None)}
 _ARM = ("aarch64", "arm64")
 _X86 = ("x86_64", "amd64", "i686", "i386")
@@ -86,8 +87,14 @@ def select_weight_path(profile: Any, priority: str = "speed") -> WeightPath:
             reasons.append("x86 without AMX: vLLM's W4A8 kernel is AMX-only; without it vLLM runs GPTQ "
                            "as W4A16 too (cpu_gemm_wna16 'vec'), and cpu_int4 is our W4A16 path")
         if isa.get("avx512"):
-            reasons.append("AVX-512: tinygemm measured here at 3.7x bf16 on a 1-row 4096x4096 GEMM, "
-                           "1 thread (benchmarks/results/cpu_int4_microbench.json)")
+            # The reason states the kernel, not a figure: figures live in the artifacts.
+            if isa.get("avx512_bf16"):
+                reasons.append("AVX-512 with BF16: cpu_int4 runs its native product straight from the "
+                               "packed 4-bit weights (quant/csrc/int4_gemv.c; timings in "
+                               "benchmarks/results/cpu_int4_microbench_product_g*.json)")
+            else:
+                reasons.append("AVX-512 without BF16: cpu_int4 runs torch's tinygemm, measured faster "
+                               "than bf16 at one row (benchmarks/results/cpu_int4_microbench.json)")
             path = WeightPath("cpu_int4", reasons)
         else:
             reasons.append("no AVX-512: tinygemm's AVX2 path has not been measured")

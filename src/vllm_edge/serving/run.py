@@ -46,7 +46,7 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
     if loaded and model == "default":
         model = vlm.KEY
         print(f"[vllm-edge] --image: using the embedded vision-language model {vlm.KEY} "
-              "(docs/multimodal.md)", file=sys.stderr)
+              "(docs/guide/multimodal.md)", file=sys.stderr)
     if loaded and vlm.parse_key(model) is None and not Path(model).is_dir():
         img_mod.check_count(len(loaded), limits, model=model, accepts_images=False)
     path, wpath = weight_path.model_for_engine(model, priority, dtype)

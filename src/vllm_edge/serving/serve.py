@@ -24,7 +24,7 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 TOOL_TEMPLATES = {"smollm2-135m": DATA / "smollm2_tools.jinja"}
 # A chat template that writes calls between these markers is parsed by vLLM's `hermes`.
 HERMES_MARKER = "<tool_call>"
-# Checks every image of a chat request before vLLM sees it (docs/multimodal.md).
+# Checks every image of a chat request before vLLM sees it (docs/guide/multimodal.md).
 IMAGE_GATE = "vllm_edge.serving.image_gate.ImageGate"
 # vLLM's default ("auto") pins argument schemas only for tools marked strict.
 TOOL_STRICT_LEVEL = "parameter"
@@ -107,7 +107,7 @@ def choose_tools(key: str | None, model_path: Path, parser: str | None,
         return "hermes", template, (f"hermes: the chat template writes calls as {HERMES_MARKER}"
                                     "{json}</tool_call>, the format vLLM's hermes parser reads")
     return None, template, ("off: no parser known for this model's chat template; pass "
-                            "--tool-call-parser NAME (see docs/serve.md)")
+                            "--tool-call-parser NAME (see docs/guide/serve.md)")
 
 
 def _own_template(model_path: Path) -> str | None:

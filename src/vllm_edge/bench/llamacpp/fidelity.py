@@ -1,4 +1,4 @@
-"""Fidelity of a quantized GGUF against its own BF16 GGUF, both in llama.cpp (design.md §5).
+"""Fidelity of a quantized GGUF against its own BF16 GGUF, both in llama.cpp (docs/design/fidelity.md).
 
 The llama.cpp side of "each engine against its own bf16": greedy divergence
 over the 12 fidelity prompts and teacher-forced top-1 / KL over the pydoc

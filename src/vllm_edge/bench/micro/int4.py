@@ -29,7 +29,7 @@ SHAPES = {"gate_up 1536x576": (1536, 576), "down 576x1536": (576, 1536),
           "1b qkv 3072x2048": (3072, 2048), "1b gate_up 11264x2048": (11264, 2048),
           "1b down 2048x5632": (2048, 5632)}
 # The VLM's SigLIP-shaped vision tower (models/vlm.py): a 512-pixel tile is 1024 patch
-# rows, so image prefill runs these linears at 1024 rows (docs/multimodal.md).
+# rows, so image prefill runs these linears at 1024 rows (docs/guide/multimodal.md).
 VISION_SHAPES = {"vision qkv/out 768x768": (768, 768), "vision fc1 3072x768": (3072, 768),
                  "vision fc2 768x3072": (768, 3072)}
 SETS = {"lm": (SHAPES, (1, 4, 8, 64, 512)), "vision": (VISION_SHAPES, (1024,))}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.cli_runner import run_cli
 
+from support.cli_runner import run_cli
 from vllm_edge.bench import profile
 
 pytestmark = pytest.mark.slow

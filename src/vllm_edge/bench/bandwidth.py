@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vllm_edge.common import stats
+from vllm_edge.common.errors import EdgeError
 
 DEFAULT_OUT = "benchmarks/results/bandwidth.json"
 METRIC = "read_gb_per_s"
@@ -34,7 +35,7 @@ DEFAULT_REPS = 10
 GB = 1e9                   # bandwidth in decimal GB/s, as vendors quote it
 
 
-class BandwidthError(ValueError):
+class BandwidthError(EdgeError, ValueError):
     """Bad arguments or an unusable bandwidth artifact."""
 
 

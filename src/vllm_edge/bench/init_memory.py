@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from vllm_edge.common import atomic, provenance
+from vllm_edge.common.errors import UsageError
 from vllm_edge.common.jsonline import last_json_line
 
 PHASES = ("before_import", "after_import", "after_engine", "after_release",
@@ -107,7 +108,7 @@ def run(model: str = "default", reps: int = 1, context_len: int = 1024, max_mode
         multiprocess: bool = False, enforce_eager: bool = False, out: str | None = None,
         extra_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     if context_len > max_model_len:
-        raise ValueError(f"--context-len {context_len} is larger than --max-model-len {max_model_len}")
+        raise UsageError(f"--context-len {context_len} is larger than --max-model-len {max_model_len}")
     from vllm_edge.models.store import ensure_model
 
     path = ensure_model(model)

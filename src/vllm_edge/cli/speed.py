@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from vllm_edge.bench import speed
-from vllm_edge.common.pinning import core_set, parse_int_list, pin
 from vllm_edge.common.errors import UsageError
+from vllm_edge.common.pinning import core_set, parse_int_list, pin
 from vllm_edge.quant.groups import DEFAULT_GROUP, GROUPS
 
 

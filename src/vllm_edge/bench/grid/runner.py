@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vllm_edge.common import atomic, stats
+from vllm_edge.common.errors import EdgeError
 from vllm_edge.common.hw import sample_cpu_busy
 from vllm_edge.common.jsonline import last_json_line
 from vllm_edge.models import store
@@ -52,7 +53,7 @@ DEFAULT_MIN_BAND_PCT = 5.0
 Sampler = Callable[[list[int], float], dict[int, float]]
 
 
-class SpecError(ValueError):
+class SpecError(EdgeError, ValueError):
     pass
 
 
@@ -69,7 +70,9 @@ def contention(cores: list[int], threshold_pct: float, sampler: Sampler = sample
 
 # --- host lock ---------------------------------------------------------------
 
-class LockHeld(RuntimeError):
+class LockHeld(EdgeError, RuntimeError):
+    exit_code = EXIT_LOCKED
+
     def __init__(self, path: Path, holder: str):
         self.path, self.holder = path, holder
         super().__init__(f"host benchmark lock {path} is held by {holder}; "
@@ -424,7 +427,9 @@ def run_grid(spec: dict | str | os.PathLike, passes: int, out_dir: str | os.Path
             lock.__exit__(None, None, None)
 
 
-class HostBusy(RuntimeError):
+class HostBusy(EdgeError, RuntimeError):
+    exit_code = EXIT_BUSY
+
     def __init__(self, sample: dict):
         self.sample = sample
         super().__init__(

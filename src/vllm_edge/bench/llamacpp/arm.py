@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Callable
 
 from vllm_edge.bench import speed
-from vllm_edge.common.pinning import core_set, parse_int_list, pin
 from vllm_edge.common.errors import UsageError
+from vllm_edge.common.pinning import core_set, parse_int_list, pin
 
 
 def rss_file_mb(pid: int | None = None) -> float:

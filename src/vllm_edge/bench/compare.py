@@ -167,7 +167,7 @@ def fidelity_spec(paths: dict[str, Path], *, ref_dir: Path, out_dir: Path, threa
 
     vLLM runs eager here: fidelity does not depend on compilation, and two cold compiles
     would double the budget. The reference arm comes first; one pass keeps spec order."""
-    from vllm_edge.bench.fidelity import engine as fidelity
+    from vllm_edge.bench.fidelity import defaults as fidelity
 
     common = ["--corpus-chunks", str(chunks), "--greedy-tokens", str(greedy_tokens), "--enforce-eager"]
     arms = [{"name": REF_ARM, "cmd": [python, "-m", "vllm_edge.cli", "fidelity", "--model",

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from vllm_edge.bench.fidelity import engine as fidelity
+from vllm_edge.bench.fidelity.defaults import DEFAULT_CORPUS_CHUNKS
 from vllm_edge.quant.groups import DEFAULT_GROUP
 
-DEFAULT_CORPUS_CHUNKS = 8  # 8 x 255 scored positions: about a minute of prefill on 2 cores
 LEN_ROUND = 256
 
 # Metrics on the last stdout line, for grid arms.

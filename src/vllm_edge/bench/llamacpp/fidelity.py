@@ -22,7 +22,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from vllm_edge.bench.fidelity.engine import DEFAULT_KL_K
+from vllm_edge.bench.fidelity.defaults import DEFAULT_KL_K
 from vllm_edge.bench.fidelity.run import LINE_KEYS
 from vllm_edge.bench.llamacpp import verify as gguf_verify
 

@@ -16,7 +16,7 @@ LLAMA_CPP_REASON = "llama-cpp-python is not installed (pip install 'vllm-edge[ba
 
 
 def _arm(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vllm_edge.bench.llamacpp.arm", *args],
+    return subprocess.run([sys.executable, "-m", "vllm_edge.cli", "bench", "llamacpp", *args],
                           capture_output=True, text=True, timeout=timeout)
 
 

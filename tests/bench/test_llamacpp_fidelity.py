@@ -31,7 +31,7 @@ def test_metric_line_has_vllm_fidelity_keys_plus_full_kl():
 
 def test_missing_gguf_is_named(tmp_path, default_model_dir):
     pytest.importorskip("llama_cpp", reason=SKIP_REASON)
-    proc = subprocess.run([sys.executable, "-m", "vllm_edge.bench.llamacpp.fidelity",
+    proc = subprocess.run([sys.executable, "-m", "vllm_edge.cli", "bench", "llamacpp-fidelity",
                            "--ref", str(tmp_path / "ref.gguf"), "--cand", str(tmp_path / "ref.gguf"),
                            "--tokenizer", str(default_model_dir)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and f"{tmp_path / 'ref.gguf'}: no such GGUF file" in proc.stderr
@@ -42,7 +42,7 @@ def test_a_build_against_itself_is_perfect(tmp_path, default_model_dir):
     pytest.importorskip("llama_cpp", reason=SKIP_REASON)
     gguf = str(store.source_gguf(store.resolve_key("default")))
     out = tmp_path / "fid.json"
-    proc = subprocess.run([sys.executable, "-m", "vllm_edge.bench.llamacpp.fidelity", "--ref", gguf,
+    proc = subprocess.run([sys.executable, "-m", "vllm_edge.cli", "bench", "llamacpp-fidelity", "--ref", gguf,
                            "--cand", gguf, "--tokenizer", str(default_model_dir), "--greedy-tokens", "4",
                            "--prompt-ids", "chat-capital,chat-code,tool-weather",
                            "--chunks", "1", "--chunk-len", "128", "--threads", "1", "--out", str(out)],

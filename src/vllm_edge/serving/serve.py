@@ -220,11 +220,7 @@ def run_vllm(p: ServePlan, sock: socket.socket) -> None:
 
 def main(model: str, **options: Any) -> int:
     host, port = options["host"], options["port"]
-    try:
-        sock = bind(host, port)
-    except ServeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    sock = bind(host, port)  # ServeError on a busy port, before any engine work
     p = plan(model, **options)
     for line in p.lines:
         print(f"[vllm-edge] {line}", file=sys.stderr, flush=True)

@@ -19,7 +19,7 @@ shared between arms (so one arm's compile artifacts cannot serve another). An
 arm that sets ``VLLM_CACHE_ROOT`` in its ``env`` keeps it: that is how a test of
 cache reuse opts out.
 
-Exit codes of :func:`main_from_args`: 0 done, 1 regression (``--check``),
+Exit codes of `vllm-edge grid` (:mod:`vllm_edge.cli.grid`): 0 done, 1 regression (``--check``),
 2 bad spec, 3 host busy, 4 host lock held, 5 an arm never succeeded.
 """
 
@@ -483,54 +483,3 @@ def format_check(result: dict) -> str:
         lines.append(f"  {r['arm']:<20} {r['metric']:<28} median={_fmt(r['median'])} "
                      f"expected={_fmt(r['expected_median'])}{b}: {r['status']}")
     return "\n".join(lines)
-
-
-def main_from_args(args: Any) -> int:
-    def err(msg: str) -> None:
-        print(f"error: {msg}", file=sys.stderr)
-
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as exc:
-        err(str(exc))
-        return EXIT_SPEC
-    out_dir = Path(args.out) if args.out else Path("benchmarks/results/grid") / _slug(spec["name"])
-    cores = [int(c) for c in args.cores.split(",")] if args.cores else None
-    try:
-        summary = run_grid(spec, args.passes, out_dir, work_dir=args.work_dir,
-                           allow_busy=args.allow_busy, busy_threshold_pct=args.busy_threshold,
-                           noisy_pct=args.noisy_pct, lock_path=args.lock_file,
-                           wait_lock=args.wait_lock, cores=cores,
-                           warmup=getattr(args, "warmup", False))
-    except SpecError as exc:
-        err(str(exc))
-        return EXIT_SPEC
-    except HostBusy as exc:
-        err(str(exc))
-        return EXIT_BUSY
-    except LockHeld as exc:
-        err(str(exc))
-        return EXIT_LOCKED
-    print(format_summary(summary))
-    print(f"wrote {out_dir / 'summary.json'} and {out_dir / 'results.jsonl'}")
-    if args.write_expectations:
-        atomic.write_json(args.write_expectations, expectations_from_summary(summary))
-        print(f"wrote expectations {args.write_expectations}")
-    code = EXIT_OK
-    if args.check:
-        try:
-            exp = json.loads(Path(args.check).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            err(f"cannot read expectations {args.check}: {exc}")
-            return EXIT_SPEC
-        result = check(summary, exp, min_band_pct=args.min_band_pct)
-        summary["check"] = result
-        atomic.write_json(out_dir / "summary.json", summary)
-        print(format_check(result))
-        if result["regressed"]:
-            code = EXIT_REGRESSION
-    never = [a for a, c in summary["runs"].items() if c["ok"] == 0]
-    if never and code == EXIT_OK:
-        err(f"arm(s) with no successful run: {', '.join(never)}")
-        code = EXIT_ARM_FAILED
-    return code

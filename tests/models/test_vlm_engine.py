@@ -127,7 +127,7 @@ def test_bf16_first_token_logprobs_match_transformers(vllm_bf16, hf):
 
 
 def run_cli_json(*args: str) -> dict:
-    proc = run_cli("run", "--enforce-eager", "--json", *args, timeout=2400)
+    proc = run_cli("run", "--enforce-eager", "-o", "json", *args, timeout=2400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return last_json_line(proc.stdout)
 

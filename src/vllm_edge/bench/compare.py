@@ -20,7 +20,6 @@ run on.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
@@ -146,7 +145,7 @@ def build_spec(paths: dict[str, Path], *, threads: int, cores: list[int] | None 
             if enforce_eager:
                 cmd.append("--enforce-eager")
         else:
-            cmd = [python, "-m", "vllm_edge.bench.llamacpp.arm", "--gguf", str(path), *common]
+            cmd = [python, "-m", "vllm_edge.cli", "bench", "llamacpp", "--gguf", str(path), *common]
             if no_mmap:
                 cmd.append("--no-mmap")
         arms.append({"name": name, "cmd": cmd})
@@ -169,7 +168,7 @@ def fidelity_spec(paths: dict[str, Path], *, ref_dir: Path, out_dir: Path, threa
 
     vLLM runs eager here: fidelity does not depend on compilation, and two cold compiles
     would double the budget. The reference arm comes first; one pass keeps spec order."""
-    from vllm_edge.bench.fidelity import engine as fidelity
+    from vllm_edge.bench.fidelity import defaults as fidelity
 
     common = ["--corpus-chunks", str(chunks), "--greedy-tokens", str(greedy_tokens), "--enforce-eager"]
     arms = [{"name": REF_ARM, "cmd": [python, "-m", "vllm_edge.cli", "fidelity", "--model",
@@ -181,7 +180,7 @@ def fidelity_spec(paths: dict[str, Path], *, ref_dir: Path, out_dir: Path, threa
     for q in GGUF_QUANTS:
         name = f"llamacpp-{q}"
         arms.append({"name": name, "cmd": [
-            python, "-m", "vllm_edge.bench.llamacpp.fidelity", "--ref", str(paths["llamacpp-BF16"]),
+            python, "-m", "vllm_edge.cli", "bench", "llamacpp-fidelity", "--ref", str(paths["llamacpp-BF16"]),
             "--cand", str(paths[name]), "--tokenizer", str(paths["vllm-bf16"]),
             "--greedy-tokens", str(greedy_tokens), "--chunks", str(chunks),
             "--kl-k", str(fidelity.DEFAULT_KL_K), "--threads", str(threads),
@@ -509,95 +508,3 @@ def run(paths: dict[str, Path], *, out_dir: Path, doc: Path, passes: int = DEFAU
     atomic.write_json(out_dir / "compare.json", meta)
     written = write_doc(out_dir, doc)
     return {"speed": summary, "fidelity": fsum, "meta": meta, **written}
-
-
-def _cmd_compare(args: argparse.Namespace) -> int:
-    import shlex
-
-    from vllm_edge.bench import speed
-    from vllm_edge.bench.grid import runner as grid
-    from vllm_edge.bench.llamacpp import runner as llamacpp_runner
-    from vllm_edge.common import pinning
-    from vllm_edge.common.errors import UsageError
-
-    out_dir, doc = Path(args.out), Path(args.doc)
-    if args.render_only:
-        try:
-            res = write_doc(out_dir, doc)
-        except FileNotFoundError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        print(json.dumps(res))
-        return 0
-    if not llamacpp_runner.available():
-        print(f"error: {llamacpp_runner.SKIP_REASON}", file=sys.stderr)
-        return 2
-    allowed = sorted(os.sched_getaffinity(0))
-    try:
-        cpus = pinning.parse_int_list(args.cores, "--cores") or None
-        cores = pinning.core_set(cpus, args.threads, allowed)
-        if min(args.passes, args.reps, args.fidelity_greedy_tokens, args.fidelity_chunks) < 1:
-            raise speed.SpeedArgError("--passes, --reps, --fidelity-greedy-tokens and --fidelity-chunks "
-                                      "must be at least 1")
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    paths = prepare(args.model, args.synthetic_1b)
-    missing = [f"{k}: {v}" for k, v in paths.items() if not v.exists()]
-    if missing:
-        print("error: missing builds:\n  " + "\n  ".join(missing), file=sys.stderr)
-        return 2
-    command = "vllm-edge " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["compare"] \
-        else "vllm-edge compare"
-    try:
-        res = run(paths, out_dir=out_dir, doc=doc, passes=args.passes, reps=args.reps, threads=len(cores),
-                  cores=cores, batch=args.batch, prompt_len=args.prompt_len, tg_tokens=args.tg_tokens,
-                  fidelity=not (args.skip_fidelity or args.synthetic_1b), allow_busy=args.allow_busy,
-                  enforce_eager=args.enforce_eager, greedy_tokens=args.fidelity_greedy_tokens,
-                  chunks=args.fidelity_chunks, lock_path=args.lock_file,
-                  wait_lock=args.wait_lock, command=command, smoke=args.smoke)
-    except grid.HostBusy as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return grid.EXIT_BUSY
-    except grid.LockHeld as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return grid.EXIT_LOCKED
-    print(grid.format_summary(res["speed"]), file=sys.stderr)
-    print(f"wrote {res['doc']} and {', '.join(res['plots'])}; artifacts in {out_dir}", file=sys.stderr)
-    failed = {a: c["failed"] for s in (res["speed"], res["fidelity"]) if s for a, c in s["runs"].items()
-              if c["failed"]}
-    print(json.dumps({"doc": res["doc"], "out": str(out_dir), "wall_s": res["meta"]["wall_s"],
-                      "failed_runs": failed}))
-    return grid.EXIT_ARM_FAILED if failed else 0
-
-
-def add_compare_commands(sub: "argparse._SubParsersAction") -> None:
-    c = sub.add_parser("compare", help="vLLM vs llama.cpp on matched builds -> docs/comparisons.md",
-                       description=__doc__.split("\n\n")[0] + " Default budget: under 30 minutes on 2 "
-                       "cores (see docs/llama-cpp.md). Needs the [baselines] extra.")
-    c.add_argument("--model", default="default", help="embedded model key, or 'default'")
-    c.add_argument("--synthetic-1b", action="store_true",
-                   help="a 1B random-weight Llama (hidden 2048, 16 layers): speed and memory only; "
-                        "builds ~5 GB of checkpoints once; well over 30 minutes")
-    c.add_argument("--passes", type=int, default=DEFAULT_PASSES, help="rotated passes (default %(default)s)")
-    c.add_argument("--reps", type=int, default=DEFAULT_REPS, help="reps per arm run (default %(default)s)")
-    c.add_argument("--threads", type=int, default=None, help="first N cores of the core set (default all)")
-    c.add_argument("--cores", default=None, metavar="0,1", help="core set (default: our affinity)")
-    c.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="concurrent sequences (default %(default)s)")
-    c.add_argument("--prompt-len", type=int, default=512)
-    c.add_argument("--tg-tokens", type=int, default=128)
-    c.add_argument("--skip-fidelity", action="store_true")
-    c.add_argument("--fidelity-greedy-tokens", type=int, default=FIDELITY_GREEDY_TOKENS,
-                   help="greedy tokens per prompt, both engines (default %(default)s)")
-    c.add_argument("--fidelity-chunks", type=int, default=FIDELITY_CHUNKS,
-                   help="512-token corpus chunks for teacher-forced KL, both engines (default %(default)s)")
-    c.add_argument("--enforce-eager", action="store_true",
-                   help="vLLM speed arms without torch.compile (for smoke runs; results are compiled)")
-    c.add_argument("--allow-busy", action="store_true", help="measure even if the cores are busy")
-    c.add_argument("--wait-lock", action="store_true", help="queue behind a running measurement")
-    c.add_argument("--lock-file", default=None, help="advisory host lock (default: the grid's)")
-    c.add_argument("--smoke", action="store_true", help="mark the document as a pipeline smoke, not results")
-    c.add_argument("--out", default=DEFAULT_OUT, help="artifact directory (default %(default)s)")
-    c.add_argument("--doc", default=DEFAULT_DOC, help="markdown file to update (default %(default)s)")
-    c.add_argument("--render-only", action="store_true", help="redraw --doc from --out without measuring")
-    c.set_defaults(func=_cmd_compare)

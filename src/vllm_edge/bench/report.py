@@ -9,11 +9,9 @@ by a ``Source:`` line naming the artifact files it was drawn from.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -546,26 +544,3 @@ def report(results_dir: str | os.PathLike = DEFAULT_RESULTS, doc: str | os.PathL
     spliced = readme_path is not None and splice_readme(rdir, readme_path)
     return {"doc": str(doc_path), "plots": [str(p) for p in written], "artifacts": len(arts),
             "skipped": skipped, "readme": str(readme_path) if spliced else None}
-
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    try:
-        out = report(args.results, args.doc, args.plots_dir)
-    except (RuntimeError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {out['doc']} from {out['artifacts']} artifact record(s); plots: "
-          + (", ".join(out["plots"]) or "none"))
-    for s in out["skipped"]:
-        print(f"skipped {s}", file=sys.stderr)
-    return 0
-
-
-def add_report_commands(sub: "argparse._SubParsersAction") -> None:
-    r = sub.add_parser("report", help="regenerate docs/results.md and its plots from benchmarks/results/",
-                       description="Reads every *.json and *.jsonl in --results and rewrites the part "
-                                   f"of --doc between {BEGIN} and {END}.")
-    r.add_argument("--results", default=DEFAULT_RESULTS, help="artifact directory (default %(default)s)")
-    r.add_argument("--doc", default=DEFAULT_DOC, help="markdown file to update (default %(default)s)")
-    r.add_argument("--plots-dir", default=None, help="where PNGs go (default: the results directory)")
-    r.set_defaults(func=_cmd_report)

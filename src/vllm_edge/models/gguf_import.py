@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_edge.common import atomic, manifest
+from vllm_edge.common.errors import EdgeError
 
 logger = logging.getLogger("vllm_edge.models")
 
@@ -41,7 +42,7 @@ ARCH_FINDINGS = {
 GGUF_MAGIC = b"GGUF"
 
 
-class GgufImportError(Exception):
+class GgufImportError(EdgeError):
     """A GGUF that cannot be imported; the message names the file and the reason."""
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from vllm_edge import envs
 from vllm_edge.common import manifest
+from vllm_edge.common.errors import EdgeError
 from vllm_edge.quant.groups import DEFAULT_GROUP
 
 
@@ -37,7 +38,7 @@ MODELS = {
 DEFAULT = "smollm2-135m"
 
 
-class ModelNotAvailable(Exception):
+class ModelNotAvailable(EdgeError):
     pass
 
 

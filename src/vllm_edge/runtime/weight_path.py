@@ -7,7 +7,7 @@ actually build today on top of it, and says so whenever it departs from the choi
 Why ``fidelity`` picks ``cpu_int4`` and not bf16: W4A16 and W4A8 share 4-bit weights;
 W4A8 also rounds every activation row to int8, W4A16 keeps them in bf16, so W4A16 is the
 higher-fidelity 4-bit path. bf16 costs ~3.5x the weight bytes and is what the quality
-checks compare against; it is one flag away (``--dtype bf16``), never an automatic choice.
+checks compare against; it is one flag away (``--quant none``), never an automatic choice.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def select_weight_path(profile: Any, priority: str = "speed") -> WeightPath:
         path = WeightPath("cpu_int4", reasons, verified=False)
     elif priority == "fidelity":
         reasons.append("priority fidelity: W4A16 keeps activations in bf16, W4A8 also rounds "
-                       "them to int8; bf16 weights are opt-in with --dtype bf16")
+                       "them to int8; bf16 weights are opt-in with --quant none")
         path = WeightPath("cpu_int4", reasons)
     elif amx:
         reasons.append("x86 with AMX (amx_tile, amx_int8) and priority speed: vLLM's W4A8 kernel "
@@ -110,15 +110,15 @@ def gptq_export_status() -> tuple[bool, str]:
     from vllm_edge.quant.quantize import SCHEMES
 
     if "gptq" not in SCHEMES:
-        return False, "the GPTQ exporter (`vllm-edge quantize --scheme gptq`) is not implemented yet"
+        return False, "the GPTQ exporter (`vllm-edge quantize --quant gptq`) is not implemented yet"
     return True, ""
 
 
 def for_run(profile: Any, priority: str = "speed", dtype: str = "auto") -> WeightPath:
-    """The path ``run`` takes: the selection, ``--dtype bf16``, and any fallback, with reasons."""
+    """The path ``run`` takes: the selection, ``--quant none`` (``dtype='bf16'``), and any fallback, with reasons."""
     chosen = select_weight_path(profile, priority)
     if dtype == "bf16":
-        return WeightPath("bf16", ["--dtype bf16: unquantized weights, as requested "
+        return WeightPath("bf16", ["--quant none: unquantized weights, as requested "
                                    f"(the probe would choose {chosen.name})"])
     if dtype != "auto":
         raise ValueError(f"dtype {dtype!r}: expected 'auto' or 'bf16'")
@@ -140,7 +140,7 @@ def for_checkpoint(path: Any) -> WeightPath:
     name = "bf16" if method is None else str(method)
     group = (cfg.get("quantization_config") or {}).get("group_size")
     return WeightPath(name, [f"a model directory runs as stored (quantization_config: "
-                             f"{method or 'none'}); --dtype and the probe do not requantize it"],
+                             f"{method or 'none'}); --quant and the probe do not requantize it"],
                       scheme=method, group=group)
 
 

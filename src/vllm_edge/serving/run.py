@@ -52,7 +52,7 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
     path, wpath = weight_path.model_for_engine(model, priority, dtype)
     img_mod.check_count(len(loaded), limits, model=str(path),
                         accepts_images=img_mod.model_accepts_images(path))
-    # always on stderr, even with --json: a fallback is never silent
+    # always on stderr, even with -o json: a fallback is never silent
     for line in wpath.explain():
         print(f"[vllm-edge] {line}", file=sys.stderr)
     with TreeSampler() as sampler:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_edge.common.errors import EdgeError
+
 DATA = Path(__file__).resolve().parents[1] / "data"
 # The embedded model's own template has no tools; this one renders them for `hermes`.
 TOOL_TEMPLATES = {"smollm2-135m": DATA / "smollm2_tools.jinja"}
@@ -34,7 +36,7 @@ TOOL_STRICT_WHY = ("once the model opens a call, its arguments are held to the t
                    "came back. tool_choice=auto may still answer in prose")
 
 
-class ServeError(Exception):
+class ServeError(EdgeError):
     """A problem the user can fix (busy port, bad flag); printed without a traceback."""
 
 
@@ -218,11 +220,7 @@ def run_vllm(p: ServePlan, sock: socket.socket) -> None:
 
 def main(model: str, **options: Any) -> int:
     host, port = options["host"], options["port"]
-    try:
-        sock = bind(host, port)
-    except ServeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    sock = bind(host, port)  # ServeError on a busy port, before any engine work
     p = plan(model, **options)
     for line in p.lines:
         print(f"[vllm-edge] {line}", file=sys.stderr, flush=True)

@@ -54,7 +54,7 @@ def _cmd_models_synthetic(args: argparse.Namespace) -> int:
         shape = synthetic.Shape.derive(args.hidden, args.layers, args.vocab, args.intermediate,
                                        args.heads, args.kv_heads, args.tied, args.arch)
         tok = args.tokenizer_from or store.prepare("default")
-        path = synthetic.build(args.out, shape, tokenizer_from=tok, seed=args.seed)
+        path = synthetic.build(args.out, shape, tokenizer_from=tok, seed=args.seed, force=args.force)
     except (ValueError, FileNotFoundError, store.ModelNotAvailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -74,7 +74,7 @@ def _cmd_models_build_vlm(args: argparse.Namespace) -> int:
                 raise ValueError("--quant builds the cached default VLM; quantize a custom OUT "
                                  "with `vllm-edge quantize OUT DST --quantize-vision/--no-quantize-vision`")
             path = vlm.build(args.out, text_dir=store.prepare("default"), vision=shape,
-                             seed=args.seed)
+                             seed=args.seed, force=args.force)
         elif args.quant:
             path = vlm.prepare_quantized(store.prepare("default"), args.quant, args.group,
                                          quantize_vision=args.quantize_vision, force=args.force)
@@ -229,7 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     mi = msub.add_parser("import-gguf", help="convert a GGUF file into a bf16 safetensors directory")
     mi.add_argument("file")
     mi.add_argument("out")
-    mi.add_argument("--force", action="store_true", help="convert again even if OUT is up to date")
+    mi.add_argument("--force", action="store_true",
+                    help="convert again even if OUT is up to date, and replace OUT even if it is "
+                         "not a conversion vllm-edge made")
     from vllm_edge.cli.gguf import add_export_command, add_verify_flags
 
     add_verify_flags(mi)
@@ -248,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     ms.add_argument("--tied", action=argparse.BooleanOptionalAction, default=True,
                     help="tie the head to the embedding (default)")
     ms.add_argument("--seed", type=int, default=0)
+    ms.add_argument("--force", action="store_true",
+                    help="replace OUT even if it is not a synthetic build vllm-edge made")
     ms.add_argument("--tokenizer-from", default=None,
                     help="model directory whose tokenizer to reuse (default: the embedded model)")
     ms.set_defaults(func=_cmd_models_synthetic)
@@ -417,5 +421,11 @@ def main(argv: list[str] | None = None) -> int:
         from vllm_edge.serving.run import DEFAULT_SYSTEM
 
         args.system = DEFAULT_SYSTEM
-    return int(args.func(args) or 0)
+    from vllm_edge.common.errors import EdgeError
+
+    try:
+        return int(args.func(args) or 0)
+    except EdgeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
 

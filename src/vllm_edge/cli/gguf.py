@@ -37,7 +37,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     try:
         paths = export_all(args.src, args.out, out_type=args.type, quants=parse_quants(args.quantize),
-                           tokenizer_pre=args.tokenizer_pre, threads=args.threads)
+                           tokenizer_pre=args.tokenizer_pre, threads=args.threads, force=args.force)
     except GgufExportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -58,4 +58,6 @@ def add_export_command(msub: "argparse._SubParsersAction") -> None:
     e.add_argument("--tokenizer-pre", default=None, metavar="NAME",
                    help="llama.cpp pre-tokenizer name, when it cannot be recognised from tokenizer.json")
     e.add_argument("--threads", type=int, default=None, help="quantization threads (default: allowed cores)")
+    e.add_argument("--force", action="store_true",
+                   help="replace OUT (and its quantized siblings) even if vllm-edge did not write them")
     e.set_defaults(func=_cmd_export)

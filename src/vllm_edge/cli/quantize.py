@@ -15,7 +15,8 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     try:
         dst = quantize_model(args.src, args.dst, scheme=args.scheme, group=args.group,
                              quantize_embedding=not args.keep_embedding,
-                             quantize_vision=args.quantize_vision, progress=not args.no_progress)
+                             quantize_vision=args.quantize_vision, progress=not args.no_progress,
+                             force=args.force)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -46,4 +47,6 @@ def add_quant_commands(subparsers) -> None:
                    help="vision-language models: quantize the vision tower's linears too "
                         "(default: no; the connector always stays bf16)")
     q.add_argument("--no-progress", action="store_true")
+    q.add_argument("--force", action="store_true",
+                   help="replace DST even if it is not a quantizer output (never the source)")
     q.set_defaults(func=_cmd_quantize)

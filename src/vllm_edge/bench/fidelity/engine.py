@@ -18,9 +18,10 @@ import torch
 
 from vllm_edge.bench import prompts as P
 from vllm_edge.bench.fidelity import metrics as fm
-from vllm_edge.common import atomic
+from vllm_edge.common import atomic, manifest
 
 REF_FORMAT = 1
+REF_KIND = "fidelity-ref"  # its manifest's converter name: a re-save may replace it
 DEFAULT_K = 20        # reference ids saved per position
 DEFAULT_KL_K = 10     # ids the KL uses; the rest of the saved 20 raises candidate coverage
 DEFAULT_CHUNK = 512
@@ -119,8 +120,9 @@ def save_reference(path: str | os.PathLike, data: dict, meta: dict | None = None
             "prompts": [p["id"] for p in P.fidelity_prompts()],
             "prompt_ids": data["prompt_ids"], "greedy": data["greedy"], "chunks": data["chunks"],
             "meta": meta or {}}
-    with atomic.directory(path) as tmp:
+    with atomic.directory(path, kind=REF_KIND) as tmp:
         (tmp / "meta.json").write_text(json.dumps(body) + "\n")
+        manifest.write(tmp, {"converter": f"{REF_KIND}/{REF_FORMAT}", "k": k})
         torch.save({"ids": ids, "lp": lp,
                     "target_lp": torch.tensor(data["target_lp"], dtype=torch.float64)}, tmp / "teacher.pt")
     return Path(path)

@@ -20,6 +20,35 @@ def default_model_dir() -> Path:
     return store.prepare("default", progress=False)
 
 
+@pytest.fixture(scope="session")
+def default_int4_dir(default_model_dir) -> Path:
+    """The default model's cpu_int4 build at the default group (DEFAULT_GROUP), quantized once
+    (cached under VLLM_EDGE_HOME), so no test depends on another having prepared it."""
+    from vllm_edge.models import store
+    from vllm_edge.quant.groups import DEFAULT_GROUP
+
+    return store.prepare_quantized("default", "cpu_int4", DEFAULT_GROUP, progress=False)
+
+
+@pytest.fixture(scope="session")
+def vlm_int4_dir(default_model_dir) -> Path:
+    """The embedded VLM (smolvlm-135m) in cpu_int4 at the default group, language model only,
+    built once around the converted default model (cached under VLLM_EDGE_HOME)."""
+    from vllm_edge.models import vlm
+    from vllm_edge.quant.groups import DEFAULT_GROUP
+
+    return vlm.prepare_quantized(default_model_dir, "cpu_int4", DEFAULT_GROUP, progress=False)
+
+
+@pytest.fixture
+def disk_full(monkeypatch):
+    """Every safetensors save fails with RuntimeError("disk full"), as a full disk would."""
+    def boom(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr("safetensors.torch.save_file", boom)
+
+
 def _run_llm(fn, **llm_kwargs):
     from vllm import LLM
     from vllm.distributed import cleanup_dist_env_and_memory

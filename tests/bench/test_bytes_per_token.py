@@ -8,7 +8,7 @@ import pytest
 
 from vllm_edge.bench import bytes_per_token as bpt
 from vllm_edge.bench.bytes_per_token import AccountingError, TensorSpec
-from vllm_edge.common import manifest
+from vllm_edge.quant.groups import DEFAULT_GROUP
 
 # SmolLM2-135M-Instruct: hidden 576, 30 layers, 9 heads of 64, 3 KV heads, MLP 1536,
 # vocab 49152, head tied to the embedding.
@@ -33,6 +33,12 @@ assert BF16_TOTAL == 269_031_168
 # 288 B of nibbles + 9 groups x 4 B = 324 B.
 INT4_TOTAL = 0.5625 * LINEAR_W + 0.5625 * HEAD_W + 2 * NORM_W + 324
 assert INT4_TOTAL == 75_715_524
+# cpu_int4 g32, the default group: 0.5 B of nibbles + 4/32 B of pairs = 0.625 B = 5 bits per
+# weight; one embedding row is 288 B of nibbles + 18 groups x 4 B = 360 B.
+INT4_G32_TOTAL = 0.625 * LINEAR_W + 0.625 * HEAD_W + 2 * NORM_W + 360
+assert INT4_G32_TOTAL == 84_120_552
+# group -> (bytes per linear or head weight, embedding row bytes, total, bits per weight)
+INT4_BY_GROUP = {32: (0.625, 360, INT4_G32_TOTAL, 5.0), 64: (0.5625, 324, INT4_TOTAL, 4.5)}
 # KV: 30 layers x (K and V) x 3 heads x 64 x 2 B
 KV_PER_TOKEN = 30 * 2 * 3 * 64 * 2
 assert KV_PER_TOKEN == 23_040
@@ -58,7 +64,7 @@ def int4_parts(base: str, n: int, k: int, group: int) -> dict[str, TensorSpec]:
             f"{base}.weight_zero": TensorSpec("BF16", (n, g))}
 
 
-def int4_specs(group: int = 64) -> dict[str, TensorSpec]:
+def int4_specs(group: int = DEFAULT_GROUP) -> dict[str, TensorSpec]:
     """What `vllm-edge quantize --scheme cpu_int4` writes: the head untied and quantized."""
     s = {"model.norm.weight": TensorSpec("BF16", (576,))}
     s |= int4_parts("model.embed_tokens", 49152, 576, group)
@@ -71,7 +77,7 @@ def int4_specs(group: int = 64) -> dict[str, TensorSpec]:
     return s
 
 
-def int4_config(group: int = 64) -> dict:
+def int4_config(group: int = DEFAULT_GROUP) -> dict:
     return {**SMOL, "tie_word_embeddings": False,
             "quantization_config": {"quant_method": "cpu_int4", "bits": 4, "group_size": group}}
 
@@ -100,14 +106,17 @@ def test_float32_checkpoint_is_read_at_the_engine_dtype():
     assert bpt.account(SMOL, specs, dtype="float32").weight_bytes_per_token == 2 * BF16_TOTAL
 
 
-def test_smollm2_cpu_int4_g64():
-    acc = bpt.account(int4_config(64), int4_specs(64))
+@pytest.mark.parametrize("group", [DEFAULT_GROUP, 64])
+def test_smollm2_cpu_int4(group):
+    """The default group, and g64 (the faster build when fidelity allows)."""
+    per_weight, row, total, bits = INT4_BY_GROUP[group]
+    acc = bpt.account(int4_config(group), int4_specs(group))
     assert not acc.head_tied
-    assert acc.linear_bytes == 0.5625 * LINEAR_W
-    assert acc.head_bytes == 0.5625 * HEAD_W
-    assert acc.embedding_row_bytes == 324
-    assert acc.weight_bytes_per_token == INT4_TOTAL
-    assert acc.bits_per_weight()["linears_and_head"] == 4.5
+    assert acc.linear_bytes == per_weight * LINEAR_W
+    assert acc.head_bytes == per_weight * HEAD_W
+    assert acc.embedding_row_bytes == row
+    assert acc.weight_bytes_per_token == total
+    assert acc.bits_per_weight()["linears_and_head"] == bits
     assert acc.layout == "cpu_int4 tinygemm"
 
 
@@ -128,11 +137,11 @@ def test_cpu_int4_g128_reads_scales_at_the_kernel_group():
 
 
 def test_tied_int4_head_reads_the_quantized_embedding():
-    cfg = {**int4_config(64), "tie_word_embeddings": True}
-    specs = {k: v for k, v in int4_specs(64).items() if not k.startswith("lm_head")}
+    cfg = {**int4_config(), "tie_word_embeddings": True}
+    specs = {k: v for k, v in int4_specs().items() if not k.startswith("lm_head")}
     acc = bpt.account(cfg, specs)
-    assert acc.head_tied and acc.head_bytes == 0.5625 * HEAD_W
-    assert acc.weight_bytes_per_token == INT4_TOTAL
+    assert acc.head_tied and acc.head_bytes == 0.625 * HEAD_W
+    assert acc.weight_bytes_per_token == INT4_G32_TOTAL
 
 
 def test_kv_cache_at_depth():
@@ -165,10 +174,10 @@ def test_gptq_is_counted_as_stored():
 def test_bad_checkpoints_name_the_problem():
     with pytest.raises(AccountingError, match="no lm_head tensors, and tie_word_embeddings is false"):
         bpt.account({**SMOL, "tie_word_embeddings": False}, bf16_specs())
-    specs = int4_specs(64)
+    specs = int4_specs()
     del specs["model.layers.3.mlp.up_proj.weight_zero"]
     with pytest.raises(AccountingError, match=r"model\.layers\.3\.mlp\.up_proj\.weight_zero"):
-        bpt.account(int4_config(64), specs)
+        bpt.account(int4_config(), specs)
     with pytest.raises(AccountingError, match="num_hidden_layers"):
         bpt.account({k: v for k, v in SMOL.items() if k != "num_hidden_layers"}, bf16_specs())
     with pytest.raises(AccountingError, match="unknown engine dtype"):
@@ -199,15 +208,7 @@ def test_headers_of_a_real_safetensors_file(tmp_path):
         bpt.account_dir(tmp_path)
 
 
-def test_the_cached_default_builds_match_the_hand_count():
-    """The real checkpoints on disk (skipped when they are not prepared)."""
-    from vllm_edge.models import store
-
-    model = store.resolve_key("default")
-    bf16 = store.prepared_dir(model)
-    if not (bf16 / manifest.NAME).exists():
-        pytest.skip("default model not prepared")
-    assert bpt.account_dir(bf16).weight_bytes_per_token == BF16_TOTAL
-    if not store.quantized_ready("default", "cpu_int4", 64):
-        pytest.skip("cpu_int4 g64 build not prepared")
-    assert bpt.account_dir(store.quantized_dir(model, "cpu_int4", 64)).weight_bytes_per_token == INT4_TOTAL
+def test_the_default_builds_match_the_hand_count(default_model_dir, default_int4_dir):
+    """The real checkpoints (bf16, and cpu_int4 at the default group), prepared by the fixtures."""
+    assert bpt.account_dir(default_model_dir).weight_bytes_per_token == BF16_TOTAL
+    assert bpt.account_dir(default_int4_dir).weight_bytes_per_token == INT4_G32_TOTAL

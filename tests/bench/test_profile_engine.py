@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.cli_runner import run_cli
 
+from support.cli_runner import run_cli
 from vllm_edge.bench import profile
+from vllm_edge.quant.groups import DEFAULT_GROUP
 
 pytestmark = pytest.mark.slow
 
@@ -17,7 +18,7 @@ PROMPT, DECODE = 64, 4  # 64 rows: above tinygemm's dequantize threshold (48) wh
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory):
     out = tmp_path_factory.mktemp("profile") / "p.json"
-    proc = run_cli("bench", "profile", "--quant", "cpu_int4", "--group", "64", "--prompt-len", str(PROMPT),
+    proc = run_cli("bench", "profile", "--quant", "cpu_int4", "--group", str(DEFAULT_GROUP), "--prompt-len", str(PROMPT),
                    "--decode-tokens", str(DECODE), "--top", "10", "--threads", "1", "--out", str(out),
                    timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,9 +1,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
-import pytest
 
 from vllm_edge.bench import prompts
 
@@ -30,15 +27,10 @@ def test_long_prompts_have_at_least_1500_words():
             assert len(p["messages"][-1]["content"].split()) >= 1500, p["id"]
 
 
-def test_long_prompts_exceed_1500_tokens_with_a_real_tokenizer():
-    from vllm_edge.models import store
-
-    path = store.prepared_dir(store.MODELS[store.DEFAULT])
-    if not (Path(path) / "tokenizer.json").exists():
-        pytest.skip("default model not prepared")
+def test_long_prompts_exceed_1500_tokens_with_a_real_tokenizer(default_model_dir):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(path))
+    tok = AutoTokenizer.from_pretrained(str(default_model_dir))
     for p in prompts.fidelity_prompts():
         if p["kind"] == "long":
             assert len(tok.encode(p["messages"][-1]["content"])) > 1500, p["id"]

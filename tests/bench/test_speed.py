@@ -12,6 +12,7 @@ from vllm_edge.cli import build_parser
 from vllm_edge.cli import speed as speed_cli
 from vllm_edge.common import pinning
 from vllm_edge.common.errors import UsageError
+from vllm_edge.quant.groups import DEFAULT_GROUP
 
 
 def test_pp_and_tg_arithmetic():
@@ -140,13 +141,11 @@ def test_metric_line_holds_only_metrics():
                     "tg8_tps": 20.0, "load_s": 3.0, "peak_rss_anon_mb": 700.0}
 
 
-def test_quant_picks_the_cached_quantized_build(default_model_dir):
+def test_quant_picks_the_cached_quantized_build(default_model_dir, default_int4_dir):
     from vllm_edge.models import store
 
-    if not store.quantized_ready("default", "cpu_int4", 64):
-        pytest.skip("the default model's cpu_int4 g64 build is not cached")
-    path = speed.model_path(SpeedConfig(quant="cpu_int4", group=64))
-    assert path == store.quantized_dir(store.resolve_key("default"), "cpu_int4", 64)
+    path = speed.model_path(SpeedConfig(quant="cpu_int4", group=DEFAULT_GROUP))
+    assert path == default_int4_dir == store.quantized_dir(store.resolve_key("default"), "cpu_int4", DEFAULT_GROUP)
     assert json.loads((path / "config.json").read_text())["quantization_config"]["quant_method"] == "cpu_int4"
     assert speed.model_path(SpeedConfig()) == default_model_dir
 

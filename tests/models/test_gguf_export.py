@@ -1,26 +1,22 @@
-"""GGUF export: metadata and tokenizer survive, Q/K rows are in llama.cpp's rope layout,
-outputs are atomic, and (with llama.cpp) the export loads and behaves like the source dir."""
+"""GGUF export: metadata and tokenizer survive, Q/K rows are in llama.cpp's rope layout, and
+outputs are atomic (the export in llama.cpp itself is in test_gguf_export_engine)."""
 
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
 import torch
 
-from vllm_edge.models import store
+from support.checkpoints import copy_without_weights
+from support.llamacpp import default_gguf
 from vllm_edge.models.gguf_export import (
     GgufExportError,
     export_gguf,
     iter_metadata,
-    quantize,
-    quantized_path,
     rope_interleave,
 )
-
-LLAMA_CPP_REASON = "llama-cpp-python is not installed (pip install 'vllm-edge[baselines]')"
 
 
 def _rotate_half_rope(x, pos, theta=10000.0):
@@ -58,13 +54,8 @@ def test_rope_interleave_makes_llama_cpp_rope_equal_hf_rope():
         assert not torch.allclose(_interleaved_rope((w @ x).view(n_head, d), pos), cpp)
 
 
-@pytest.fixture(scope="module")
-def exported_bf16(default_model_dir, tmp_path_factory):
-    return export_gguf(default_model_dir, tmp_path_factory.mktemp("export") / "smol.bf16.gguf", progress=False)
-
-
 def test_export_keeps_metadata_and_tokenizer(exported_bf16):
-    src = dict(iter_metadata(store.source_gguf(store.resolve_key("default"))))
+    src = dict(iter_metadata(default_gguf()))
     got = dict(iter_metadata(exported_bf16))
     same = ["general.architecture", "tokenizer.ggml.model", "tokenizer.ggml.tokens",
             "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id",
@@ -83,7 +74,7 @@ def test_exported_tensors_are_in_llama_cpp_layout(exported_bf16):
     """attn_q/attn_k of the source GGUF are in llama.cpp's rope layout; ours must match them."""
     import gguf
 
-    src = {t.name: t for t in gguf.GGUFReader(str(store.source_gguf(store.resolve_key("default")))).tensors}
+    src = {t.name: t for t in gguf.GGUFReader(str(default_gguf())).tensors}
     ours = {t.name: t for t in gguf.GGUFReader(str(exported_bf16)).tensors}
     assert set(ours) == set(src)  # tied: no output.weight in either
     for name in ("blk.0.attn_q.weight", "blk.7.attn_k.weight", "blk.3.ffn_down.weight"):
@@ -95,11 +86,7 @@ def test_exported_tensors_are_in_llama_cpp_layout(exported_bf16):
 
 
 def _tiny_dir(tmp_path, default_model_dir, **cfg_changes):
-    d = tmp_path / "m"
-    d.mkdir()
-    for f in default_model_dir.iterdir():
-        if f.name != "model.safetensors":
-            shutil.copy(f, d / f.name)
+    d = copy_without_weights(default_model_dir, tmp_path / "m")
     cfg = json.loads((d / "config.json").read_text())
     cfg.update(cfg_changes)
     (d / "config.json").write_text(json.dumps(cfg))
@@ -124,74 +111,3 @@ def test_missing_tensors_leave_no_file(tmp_path, default_model_dir):
     with pytest.raises(GgufExportError, match="missing tensors"):
         export_gguf(d, out, progress=False)
     assert list(tmp_path.glob("*x.gguf*")) == []
-
-
-# --- with llama.cpp -------------------------------------------------------------
-
-PARIS = [{"role": "system", "content": "You are a helpful assistant."},
-         {"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def hf_ref(default_model_dir):
-    from vllm_edge.bench.fidelity.hf_reference import HfRunner
-
-    return HfRunner(default_model_dir, dtype="bfloat16")
-
-
-@pytest.fixture(scope="module")
-def hf_greedy(hf_ref):
-    """transformers' greedy tokens on the bf16 directory, computed once: {name: (prompt, tokens)}."""
-    from vllm_edge.bench.prompts import fidelity_prompts
-
-    msgs = {"paris": PARIS}
-    msgs.update({p["id"]: p["messages"] for p in fidelity_prompts() if p["id"] in ("chat-explain", "chat-code")})
-    out = {}
-    for name, m in msgs.items():
-        ids = hf_ref.chat_ids(m)
-        out[name] = (ids, hf_ref.greedy(ids, 16, hf_ref.eos_id))
-    return out
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("out_type", ["bf16", "f16"])
-def test_roundtrip_in_llama_cpp(out_type, exported_bf16, hf_ref, hf_greedy, tmp_path):
-    """Our GGUF answers the Paris question in llama.cpp, and its greedy tokens match
-    transformers on the same bf16 directory for the first 16 tokens."""
-    pytest.importorskip("llama_cpp", reason=LLAMA_CPP_REASON)
-    from vllm_edge.bench.llamacpp.runner import runner
-
-    path = exported_bf16 if out_type == "bf16" else export_gguf(
-        hf_ref.path, tmp_path / "smol.f16.gguf", out_type="f16", progress=False)
-    with runner(path, n_ctx=256) as r:
-        paris, _ = hf_greedy["paris"]
-        answer = hf_ref.tokenizer.decode(r.greedy(paris, 16, hf_ref.eos_id))
-        assert "Paris" in answer, answer
-        for name, (ids, ref) in hf_greedy.items():
-            assert r.greedy(ids, 16, hf_ref.eos_id) == ref, name
-
-
-@pytest.mark.slow
-def test_llama_cpp_quantize(exported_bf16):
-    pytest.importorskip("llama_cpp", reason=LLAMA_CPP_REASON)
-    from vllm_edge.bench.llamacpp.runner import quantization_types
-
-    out = quantize(exported_bf16, quantized_path(exported_bf16, "Q8_0"), "Q8_0")
-    assert out.name == "smol.bf16.Q8_0.gguf"
-    assert "Q8_0" in quantization_types(out)
-    assert dict(iter_metadata(out))["general.file_type"] == 7  # MOSTLY_Q8_0
-    assert out.stat().st_size < exported_bf16.stat().st_size * 0.6
-
-
-@pytest.mark.slow
-def test_without_the_rope_permutation_llama_cpp_answers_differently(hf_ref, hf_greedy, tmp_path, monkeypatch):
-    """The Q/K permutation is load-bearing: skip it and llama.cpp's rope no longer matches."""
-    pytest.importorskip("llama_cpp", reason=LLAMA_CPP_REASON)
-    from vllm_edge.bench.llamacpp.runner import runner
-    from vllm_edge.models import gguf_export
-
-    monkeypatch.setattr(gguf_export, "rope_interleave", lambda w, n_head: w)
-    path = gguf_export.export_gguf(hf_ref.path, tmp_path / "unpermuted.gguf", progress=False)
-    paris, ref = hf_greedy["paris"]
-    with runner(path, n_ctx=256) as r:
-        assert r.greedy(paris, 16, hf_ref.eos_id) != ref

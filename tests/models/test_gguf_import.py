@@ -5,29 +5,13 @@ from __future__ import annotations
 import json
 import time
 
-import numpy as np
 import pytest
 
+from support.checkpoints import no_partial_output, tiny_gguf
 from support.cli_runner import run_cli
+from support.llamacpp import default_gguf
 from vllm_edge.models import store
 from vllm_edge.models.gguf_import import GgufImportError, import_gguf, inspect_gguf
-
-
-def _tiny_gguf(path, arch: str) -> None:
-    import gguf
-
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_name("tiny")
-    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
-def _no_partial_output(out_dir) -> bool:
-    parent = out_dir.parent
-    return not out_dir.exists() and not any(p.name.startswith(f".{out_dir.name}.") for p in parent.iterdir())
 
 
 def test_missing_file(tmp_path):
@@ -35,7 +19,7 @@ def test_missing_file(tmp_path):
     proc = run_cli("models", "import-gguf", str(tmp_path / "nope.gguf"), str(out))
     assert proc.returncode == 2
     assert "nope.gguf: no such file" in proc.stderr
-    assert _no_partial_output(out)
+    assert no_partial_output(out)
 
 
 def test_not_a_gguf(tmp_path):
@@ -46,18 +30,18 @@ def test_not_a_gguf(tmp_path):
 
 
 def test_truncated_real_file(tmp_path):
-    src = store.source_gguf(store.resolve_key("default"))
+    src = default_gguf()
     cut = tmp_path / "cut.gguf"
     with open(src, "rb") as fin:
         cut.write_bytes(fin.read(src.stat().st_size // 2))
     out = tmp_path / "out"
     with pytest.raises(GgufImportError, match=r"cut.gguf: .*truncated"):
         import_gguf(cut, out, progress=False)
-    assert _no_partial_output(out)
+    assert no_partial_output(out)
 
 
 def test_truncated_header(tmp_path):
-    src = store.source_gguf(store.resolve_key("default"))
+    src = default_gguf()
     cut = tmp_path / "head.gguf"
     with open(src, "rb") as fin:
         cut.write_bytes(fin.read(4096))
@@ -68,13 +52,13 @@ def test_truncated_header(tmp_path):
 @pytest.mark.parametrize("arch", ["gemma3", "mamba"])
 def test_unsupported_architecture(tmp_path, arch):
     f = tmp_path / f"{arch}.gguf"
-    _tiny_gguf(f, arch)
+    tiny_gguf(f, arch)
     assert inspect_gguf(f).architecture == arch
     out = tmp_path / "out"
     proc = run_cli("models", "import-gguf", str(f), str(out))
     assert proc.returncode == 2
     assert f"{arch}.gguf: unsupported architecture '{arch}'" in proc.stderr
-    assert _no_partial_output(out)
+    assert no_partial_output(out)
 
 
 def test_prepare_without_the_package_names_it(monkeypatch, capsys):
@@ -96,7 +80,7 @@ def test_default_model_is_converted_with_manifest(default_model_dir):
     assert (default_model_dir / "chat_template.jinja").exists() or "chat_template" in json.loads(
         (default_model_dir / "tokenizer_config.json").read_text())
     manifest = json.loads((default_model_dir / "vllm_edge_manifest.json").read_text())
-    src = store.source_gguf(store.resolve_key("default"))
+    src = default_gguf()
     from vllm_edge.models.gguf_import import sha256_file
 
     assert manifest["source_sha256"] == sha256_file(src)
@@ -117,7 +101,7 @@ def test_converted_weights_match_the_gguf(default_model_dir):
     import torch
     from safetensors import safe_open
 
-    reader = gguf.GGUFReader(str(store.source_gguf(store.resolve_key("default"))))
+    reader = gguf.GGUFReader(str(default_gguf()))
     tensors = {t.name: t for t in reader.tensors}
     ref = torch.from_numpy(gguf.dequantize(tensors["blk.0.ffn_down.weight"].data,
                                            tensors["blk.0.ffn_down.weight"].tensor_type).copy())

@@ -80,11 +80,7 @@ def test_same_seed_same_weights(tmp_path, tok_dir):
     assert all(torch.equal(ta[k], tb[k]) for k in ta)
 
 
-def test_failure_leaves_nothing(tmp_path, tok_dir, monkeypatch):
-    def boom(*a, **k):
-        raise RuntimeError("disk full")
-
-    monkeypatch.setattr("safetensors.torch.save_file", boom)
+def test_failure_leaves_nothing(tmp_path, tok_dir, disk_full):
     with pytest.raises(RuntimeError, match="disk full"):
         synthetic.build(tmp_path / "syn", Shape.derive(**TINY), tokenizer_from=tok_dir, progress=False)
     assert [p.name for p in tmp_path.iterdir()] == ["tok"]

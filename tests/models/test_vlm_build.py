@@ -12,6 +12,7 @@ import pytest
 from safetensors import safe_open
 
 from vllm_edge.models import synthetic, vlm
+from vllm_edge.quant.groups import DEFAULT_GROUP
 from vllm_edge.quant.quantize import quantize_model
 
 TINY = vlm.VisionShape(hidden=64, layers=1, intermediate=128, heads=2, patch=16, image_size=64,
@@ -67,7 +68,7 @@ print(type(p.image_processor).__name__, p.image_seq_len, ids.count(p.image_token
 
 
 def quantized(tiny_vlm, tmp_path, vision):
-    out = quantize_model(tiny_vlm, tmp_path / f"q{vision}", group=64, quantize_vision=vision,
+    out = quantize_model(tiny_vlm, tmp_path / f"q{vision}", group=DEFAULT_GROUP, quantize_vision=vision,
                          progress=False)
     return out, json.loads((out / "quantization_report.json").read_text()), names(out)
 
@@ -100,11 +101,11 @@ def test_unsupported_shape_stays_bf16_with_its_fused_siblings(default_model_dir,
     text = synthetic.build(tmp_path / "text", synthetic.Shape.derive(64, 1, 49152),
                            tokenizer_from=default_model_dir, progress=False)
     # vision hidden 72: 72 output rows is not a multiple of 16, so tinygemm cannot pack
-    # q/k/v/out (72x72) nor fc2 (72x128); fc1 (128x72) has no group dividing K=72 at g64.
+    # q/k/v/out (72x72) nor fc2 (72x128); fc1 (128x72) has no group dividing K=72 (g32 or g64).
     shape = vlm.VisionShape(hidden=72, layers=1, intermediate=128, heads=2, patch=16,
                             image_size=64, scale_factor=2, longest_edge=64)
     src = vlm.build(tmp_path / "bf16", text_dir=text, vision=shape)
-    out = quantize_model(src, tmp_path / "q", group=64, quantize_vision=True, progress=False)
+    out = quantize_model(src, tmp_path / "q", group=DEFAULT_GROUP, quantize_vision=True, progress=False)
     rep = json.loads((out / "quantization_report.json").read_text())
     kept = {k["name"]: k["reason"] for k in rep["kept_bf16"]}
     for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):

@@ -14,17 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from support.int4_weights import packed_weights
 from vllm_edge.quant import native, ops, pack
-
-
-def _packed(n, k, group):
-    w = torch.randn(n, k) * 0.05
-    q, s, z = pack.quantize(w, group)
-    p = pack.pack_nibbles(q)
-    kg = pack.kernel_group(k, group)
-    sz = pack.scales_and_zeros(s, z, group, k, kg)
-    pack.repack_(p)
-    return p, sz, kg
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +30,7 @@ def lib():
                                        (176, 512, 128), (144, 1024, 256), (1536, 576, 32), (176, 576, 32)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_bit_identical_to_reference(lib, n, k, group, threads):
-    p, sz, kg = _packed(n, k, group)
+    p, sz, kg = packed_weights(n, k, group)[:3]
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -50,7 +41,7 @@ def test_bit_identical_to_reference(lib, n, k, group, threads):
 
 
 def test_row_ranges(lib):
-    p, sz, kg = _packed(176, 256, 64)  # two full blocks and a 48-row tail
+    p, sz, kg = packed_weights(176, 256, 64)[:3]  # two full blocks and a 48-row tail
     ref = pack.dequantize_packed(p, sz, kg)
     out = torch.full((176, 256), float("nan"), dtype=torch.bfloat16)
     for r0, r1 in ((0, 64), (64, 128), (128, 176)):
@@ -62,7 +53,7 @@ def test_row_ranges(lib):
 @pytest.mark.parametrize("workspace_mb", [1, 64])
 def test_chunked_linear_matches_reference(lib, workspace_mb):
     """1 MB holds 256 rows of K=2048, so 1000 output rows run in four chunks."""
-    p, sz, kg = _packed(1008, 2048, 64)
+    p, sz, kg = packed_weights(1008, 2048, 64)[:3]
     x = torch.randn(100, 2048, dtype=torch.bfloat16)
     out = ops.int4_linear(x, p, sz, kg, 4, workspace_mb=workspace_mb)
     expect = x.float() @ pack.dequantize_packed(p, sz, kg).float().t()
@@ -73,7 +64,7 @@ def test_chunked_linear_matches_reference(lib, workspace_mb):
 def test_multi_row_route_runs_the_native_kernel(lib):
     from torch.profiler import ProfilerActivity, profile
 
-    p, sz, kg = _packed(256, 512, 64)
+    p, sz, kg = packed_weights(256, 512, 64)[:3]
     x = torch.randn(512, 512, dtype=torch.bfloat16)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         ops.int4_linear(x, p, sz, kg, ops.DEFAULT_DEQUANT_THRESHOLD)
@@ -83,7 +74,7 @@ def test_multi_row_route_runs_the_native_kernel(lib):
 
 def test_without_the_kernel_the_torch_route_is_still_correct(monkeypatch):
     monkeypatch.setattr(native, "library", lambda: None)
-    p, sz, kg = _packed(112, 256, 64)
+    p, sz, kg = packed_weights(112, 256, 64)[:3]
     x = torch.randn(64, 256, dtype=torch.bfloat16)
     out = ops.int4_linear(x, p, sz, kg, 4)
     expect = x.float() @ pack.dequantize_packed(p, sz, kg).float().t()
@@ -121,7 +112,7 @@ def test_team_route_bit_identical(lib, monkeypatch, n, k, group):
     native.team_route.cache_clear()
     try:
         assert native.team_route()
-        p, sz, kg = _packed(n, k, group)
+        p, sz, kg = packed_weights(n, k, group)[:3]
         old = torch.get_num_threads()
         torch.set_num_threads(2)
         try:
@@ -150,7 +141,7 @@ def test_team_route_is_off_by_default(lib, monkeypatch):
 def test_python_thread_route_still_bit_identical(lib, monkeypatch, n, k, group):
     """The default route (and the one for builds without OpenMP)."""
     monkeypatch.setattr(native, "team_route", lambda: False)
-    p, sz, kg = _packed(n, k, group)
+    p, sz, kg = packed_weights(n, k, group)[:3]
     old = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -162,7 +153,7 @@ def test_python_thread_route_still_bit_identical(lib, monkeypatch, n, k, group):
 
 @pytest.mark.parametrize("n,k,group", [(576, 576, 64), (176, 512, 128), (112, 256, 64), (64, 32, 32)])
 def test_gather_rows_bit_identical(lib, n, k, group):
-    p, sz, kg = _packed(n, k, group)
+    p, sz, kg = packed_weights(n, k, group)[:3]
     # rows from both nibble halves of full blocks, the tail (if any), repeats, the last row
     ids = torch.tensor([[0, 31, 32, 63, n - 1], [n // 2, 1, 1, n - 2, 33]])
     got = native.gather_rows(p, sz, kg, ids)
@@ -175,7 +166,7 @@ def test_gather_rows_bit_identical(lib, n, k, group):
 
 
 def test_gather_rows_refuses_ids_outside_the_table(lib):
-    p, sz, kg = _packed(112, 256, 64)
+    p, sz, kg = packed_weights(112, 256, 64)[:3]
     with pytest.raises(IndexError, match="token id 112 is outside the table of 112 rows"):
         native.gather_rows(p, sz, kg, torch.tensor([3, 112]))
     with pytest.raises(IndexError, match="token id -1"):
@@ -185,7 +176,7 @@ def test_gather_rows_refuses_ids_outside_the_table(lib):
 def test_embedding_op_uses_the_native_gather(lib):
     from torch.profiler import ProfilerActivity, profile
 
-    p, sz, kg = _packed(176, 512, 64)
+    p, sz, kg = packed_weights(176, 512, 64)[:3]
     ids = torch.randint(0, 176, (4, 33))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         out = ops.int4_embedding(ids, p, sz, kg)
@@ -218,7 +209,7 @@ def _bound(x, w):
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 512])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_gemv_matches_reference(gemv_lib, n, k, group, rows, threads):
-    p, sz, kg = _packed(n, k, group)
+    p, sz, kg = packed_weights(n, k, group)[:3]
     w = pack.dequantize_packed(p, sz, kg, dtype=torch.float32)
     x = torch.randn(rows, k, dtype=torch.bfloat16)
     old = torch.get_num_threads()
@@ -233,9 +224,9 @@ def test_gemv_matches_reference(gemv_lib, n, k, group, rows, threads):
 
 
 def test_gemv_refuses_shapes_it_cannot_take(gemv_lib):
-    p, sz, kg = _packed(112, 256, 64)  # a 48-row tail block
+    p, sz, kg = packed_weights(112, 256, 64)[:3]  # a 48-row tail block
     assert native.gemv(torch.randn(1, 256, dtype=torch.bfloat16), p, sz, kg) is None
-    p, sz, kg = _packed(128, 256, 64)
+    p, sz, kg = packed_weights(128, 256, 64)[:3]
     assert native.gemv(torch.randn(1, 256), p, sz, kg) is None  # fp32 activations
     assert native.gemv(torch.randn(1, 256, dtype=torch.bfloat16), p, sz, kg) is not None
 
@@ -243,7 +234,7 @@ def test_gemv_refuses_shapes_it_cannot_take(gemv_lib):
 def test_small_batches_run_the_native_product(gemv_lib):
     from torch.profiler import ProfilerActivity, profile
 
-    p, sz, kg = _packed(256, 512, 64)
+    p, sz, kg = packed_weights(256, 512, 64)[:3]
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for rows in (1, 8, ops.DEFAULT_DEQUANT_THRESHOLD):
             ops.int4_linear(torch.randn(rows, 512, dtype=torch.bfloat16), p, sz, kg, ops.DEFAULT_DEQUANT_THRESHOLD)
@@ -255,7 +246,7 @@ def test_without_the_product_small_batches_use_tinygemm(monkeypatch):
     from torch.profiler import ProfilerActivity, profile
 
     monkeypatch.setattr(native, "gemv_supported", lambda: False)
-    p, sz, kg = _packed(256, 512, 64)
+    p, sz, kg = packed_weights(256, 512, 64)[:3]
     x = torch.randn(2, 512, dtype=torch.bfloat16)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         out = ops.int4_linear(x, p, sz, kg, ops.DEFAULT_DEQUANT_THRESHOLD)
@@ -270,7 +261,7 @@ def test_gemv_switch_off_means_tinygemm(monkeypatch):
     try:
         assert native.gemv_supported() is False
         assert ops.auto_threshold() == ops.DEFAULT_DEQUANT_THRESHOLD
-        p, sz, kg = _packed(128, 256, 64)
+        p, sz, kg = packed_weights(128, 256, 64)[:3]
         assert native.gemv(torch.randn(1, 256, dtype=torch.bfloat16), p, sz, kg) is None
     finally:
         native.gemv_supported.cache_clear()

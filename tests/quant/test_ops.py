@@ -10,21 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_edge.quant import ops, pack
+from support.int4_weights import packed_weights
+from vllm_edge.quant import ops
 
 ROWS = (1, 2, 8, 512)
-
-
-def _weights(n, k, group):
-    w = torch.randn(n, k) * 0.05
-    q, s, z = pack.quantize(w, group)
-    p = pack.pack_nibbles(q)
-    ref = pack.dequantize_plain(p, s, z, group)
-    kg = pack.kernel_group(k, group)
-    sz = pack.scales_and_zeros(s, z, group, k, kg)
-    plain = p.clone()
-    pack.repack_(p)
-    return p, sz, kg, ref, (plain, s, z)
 
 
 @pytest.mark.parametrize("n,k,group", [(576, 1536, 128), (1536, 576, 128), (960, 576, 64), (112, 256, 64),
@@ -32,7 +21,7 @@ def _weights(n, k, group):
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("threshold", [ops.DEFAULT_DEQUANT_THRESHOLD, ops.NEVER, 0, ops.AUTO])
 def test_gemm_matches_reference(n, k, group, rows, threshold):
-    p, sz, kg, ref, _ = _weights(n, k, group)
+    p, sz, kg, ref, _ = packed_weights(n, k, group)
     x = torch.randn(rows, k, dtype=torch.bfloat16)
     out = ops.int4_linear(x, p, sz, kg, threshold)
     expect = x.float() @ ref.t()
@@ -43,7 +32,7 @@ def test_gemm_matches_reference(n, k, group, rows, threshold):
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("group", [128, 32])
 def test_plain_copy_route_matches_reference(rows, group):
-    p, sz, kg, ref, (plain, s, z) = _weights(576, 576, group)
+    p, sz, kg, ref, (plain, s, z) = packed_weights(576, 576, group)
     x = torch.randn(rows, 576, dtype=torch.bfloat16)
     out = ops.int4_linear(x, p, sz, kg, 4, plain, s, z, group)
     expect = x.float() @ ref.t()
@@ -51,7 +40,7 @@ def test_plain_copy_route_matches_reference(rows, group):
 
 
 def test_bias_and_leading_dims():
-    p, sz, kg, ref, _ = _weights(64, 128, 64)
+    p, sz, kg, ref, _ = packed_weights(64, 128, 64)
     x = torch.randn(2, 3, 128, dtype=torch.bfloat16)
     bias = torch.randn(64, dtype=torch.bfloat16)
     out = ops.int4_linear(x, p, sz, kg, 4, bias=bias)
@@ -68,7 +57,7 @@ def test_batch_size_is_not_a_graph_guard():
     from torch._dynamo.testing import CompileCounter
 
     ops.register()  # layers register at create_weights, before any tracing
-    p, sz, kg, ref, _ = _weights(128, 128, 64)
+    p, sz, kg, ref, _ = packed_weights(128, 128, 64)
     counter = CompileCounter()
 
     @torch.compile(backend=counter, dynamic=True, fullgraph=True)
@@ -85,7 +74,7 @@ def test_batch_size_is_not_a_graph_guard():
 
 
 def test_embedding_op_gathers_rows():
-    p, sz, kg, ref, _ = _weights(112, 128, 64)
+    p, sz, kg, ref, _ = packed_weights(112, 128, 64)
     ids = torch.tensor([[0, 111, 64], [65, 5, 5]])
     out = ops.int4_embedding(ids, p, sz, kg)
     assert out.shape == (2, 3, 128)
@@ -109,7 +98,7 @@ def test_auto_falls_back_per_layer(monkeypatch):
 
     from vllm_edge.quant import native
 
-    p, sz, kg, ref, plain = _weights(112, 256, 64)
+    p, sz, kg, ref, plain = packed_weights(112, 256, 64)
     x = torch.randn(512, 256, dtype=torch.bfloat16)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         out = ops.int4_linear(x, p, sz, kg, ops.AUTO)
@@ -118,7 +107,7 @@ def test_auto_falls_back_per_layer(monkeypatch):
 
     asked = []
     monkeypatch.setattr(native, "gemv", lambda *a: asked.append(a) or None)
-    p, sz, kg, ref, plain = _weights(128, 256, 64)
+    p, sz, kg, ref, plain = packed_weights(128, 256, 64)
     for rows in (1, 512):
         x = torch.randn(rows, 256, dtype=torch.bfloat16)
         out = ops.int4_linear(x, p, sz, kg, ops.AUTO, *plain, 64)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from support.int4_weights import packed_weights
 from vllm_edge.quant import pack
 
 
@@ -77,13 +78,7 @@ def test_kernel_group(k, group, expected):
 @pytest.mark.parametrize("n,k,group", [(576, 1536, 128), (1536, 576, 128), (112, 256, 64), (48, 128, 128),
                                        (1536, 576, 32), (112, 256, 32)])
 def test_packed_dequant_and_gather_match_reference(n, k, group):
-    w = torch.randn(n, k) * 0.05
-    q, s, z = pack.quantize(w, group)
-    p = pack.pack_nibbles(q)
-    ref = pack.dequantize_plain(p, s, z, group)
-    kg = pack.kernel_group(k, group)
-    sz = pack.scales_and_zeros(s, z, group, k, kg)
-    pack.repack_(p)
+    p, sz, kg, ref, _ = packed_weights(n, k, group)
     # bf16 outputs: within half an ulp of the fp32 reference
     tol = ref.abs().max().item() * 2 ** -8
     assert (pack.dequantize_packed(p, sz, kg).float() - ref).abs().max() <= tol

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from support.checkpoints import no_partial_output
 from vllm_edge.quant import pack
 from vllm_edge.quant.quantize import REPORT_NAME, quantize_model
 
@@ -63,15 +64,10 @@ def test_quantize_writes_cpu_int4_checkpoint(tiny_llama, tmp_path, group):
     assert all(r["snr_db"] > 15 for r in report["tensors"])
 
 
-def test_failed_quantize_leaves_no_partial_output(tiny_llama, tmp_path, monkeypatch):
-    def boom(*a, **k):
-        raise RuntimeError("disk full")
-
-    monkeypatch.setattr("safetensors.torch.save_file", boom)
+def test_failed_quantize_leaves_no_partial_output(tiny_llama, tmp_path, disk_full):
     with pytest.raises(RuntimeError, match="disk full"):
         quantize_model(tiny_llama, tmp_path / "q", progress=False)
-    assert not (tmp_path / "q").exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".q.")]
+    assert no_partial_output(tmp_path / "q")
 
 
 def test_bad_scheme_and_group():

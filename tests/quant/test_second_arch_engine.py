@@ -19,6 +19,8 @@ import json
 import pytest
 import torch
 
+from vllm_edge.quant.groups import DEFAULT_GROUP
+
 pytestmark = pytest.mark.slow
 
 PROMPT_LEN = 300
@@ -97,7 +99,7 @@ def arch_run(request, default_model_dir, tmp_path_factory, run_llm):
     root = tmp_path_factory.mktemp(arch)
     src = synthetic.build(root / "bf16", synthetic.Shape.derive(**SHAPE, arch=arch),
                           tokenizer_from=default_model_dir, progress=False)
-    q_dir = quantize_model(src, root / "int4", group=64, progress=False)
+    q_dir = quantize_model(src, root / "int4", group=DEFAULT_GROUP, progress=False)
     ids = torch.randint(1000, 40000, (PROMPT_LEN,), generator=torch.Generator().manual_seed(1)).tolist()
     prompt_lp, gen, gen_lp, layers = _run_vllm(run_llm, q_dir, ids)
     full = ids + gen

@@ -39,7 +39,7 @@ def test_runs_the_chosen_weight_path(result):
     from vllm_edge.common import hw
     from vllm_edge.runtime import weight_path
 
-    expect = weight_path.for_run(hw.profile())  # cpu_int4 g64 on a CPU without AMX
+    expect = weight_path.for_run(hw.profile())  # cpu_int4 g32 without AMX, gptq g64 with it
     wp = result["weight_path"]
     assert (wp["name"], wp["scheme"], wp["group"]) == (expect.name, expect.scheme, expect.group)
     assert wp["reasons"] == expect.reasons

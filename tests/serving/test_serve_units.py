@@ -160,12 +160,8 @@ def test_sse_lines_split_on_newlines_only():
     assert json.loads(data[0])["choices"][0]["delta"]["content"] == "a\u2028b\x85c"
 
 
-def test_plan_for_the_vlm_gates_images(monkeypatch):
+def test_plan_for_the_vlm_gates_images(monkeypatch, vlm_int4_dir):
     """An image model gets vLLM's image limit and the image gate, from the environment."""
-    from vllm_edge.models import vlm
-
-    if not vlm.ready("cpu_int4", 32, False):
-        pytest.skip("the VLM's cpu_int4 build is not cached (vllm-edge models build-vlm --quant cpu_int4)")
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 

@@ -26,6 +26,11 @@ def encode(img: Image.Image, fmt: str) -> bytes:
     return buf.getvalue()
 
 
+def solid_png(w: int = 64, h: int = 48) -> bytes:
+    """A valid one-colour RGB PNG."""
+    return encode(Image.new("RGB", (w, h), (10, 200, 30)), "PNG")
+
+
 def data_url(data: bytes, mime: str) -> str:
     return f"data:{mime};base64," + base64.b64encode(data).decode()
 

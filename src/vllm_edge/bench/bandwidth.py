@@ -132,10 +132,7 @@ def run(buffer_bytes: int | None = None, reps: int = DEFAULT_REPS, pinning: dict
                                          extra={"core_set_pinned": (pinning or {}).get("cores"),
                                                 "cache_kib": cpu.cache_kib}),
     }
-    if out:
-        atomic.write_json(out, result)
-        result["out"] = str(out)
-    return result
+    return atomic.write_result(out, result)
 
 
 # --- reading a result back (for bench speed) -----------------------------------------

@@ -318,7 +318,7 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
                                                     else "llama.cpp closer to its bf16")
                 rows.append(["vllm-cpu_int4 / llamacpp-Q4_K_M", f"fidelity {k} (each vs own bf16)",
                              a[k], b[k], f"{ratio:.2f}× ({who})" if ratio is not None else who])
-    lines += report._table(["pair", "metric", "vLLM", "llama.cpp", "ratio (verdict)"], rows)
+    lines += report.table(["pair", "metric", "vLLM", "llama.cpp", "ratio (verdict)"], rows)
     lines += ["", f"Source: {_link(spath, doc_path)}" + (f", {_link(fpath, doc_path)}" if fid else ""), ""]
     wins = [r for r in rows if "llama.cpp ahead" in str(r[-1]) or "llama.cpp closer" in str(r[-1])]
     if wins:
@@ -343,7 +343,7 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
             rows.append([arm, s.get("best"), s.get("median"), s.get("min"), s.get("max"),
                          None if s.get("spread_pct") is None else f"{s['spread_pct']:.1f}%", s.get("n"),
                          " · ".join(flags) or "–", note])
-        lines += report._table(["build", "best", "median", "min", "max", "spread", "n", "flags",
+        lines += report.table(["build", "best", "median", "min", "max", "spread", "n", "flags",
                                 "ratio to llama.cpp (verdict)"], rows)
         rk = block.get("ranking") or {}
         if rk.get("flags"):
@@ -388,7 +388,7 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
                          r.get("first_token_agreement"), r.get("top1_agreement"), r.get("kl_mean"),
                          r.get("kl_p99"), r.get("delta_logprob"), r.get("coverage"), r.get("kl_full_mean"),
                          ratio, f"`{r['artifact']}`" if r.get("artifact") else "–"])
-        lines += report._table(["build", "reference", "greedy exact", "kept", "first-token top-1", "top-1",
+        lines += report.table(["build", "reference", "greedy exact", "kept", "first-token top-1", "top-1",
                                 "KL mean", "KL p99", "Δ log-prob", "coverage", "KL full mean",
                                 "KL ratio to llama.cpp", "artifact"], rows)
         lines += ["", f"Source: {_link(fpath, doc_path)}", ""]
@@ -484,7 +484,7 @@ def run(paths: dict[str, Path], *, out_dir: Path, doc: Path, passes: int = DEFAU
         atomic.write_text(out_dir / "prime.jsonl", "")
         for arm in parsed["arms"]:  # warm each arm's compile cache and the page cache; not measured
             bar.set_description(f"compare: warm-up {arm.name}")
-            rec = grid.run_arm(arm, work / "cache" / grid._slug(arm.name), cores, spec["timeout_s"])
+            rec = grid.run_arm(arm, work / "cache" / grid.slugify(arm.name), cores, spec["timeout_s"])
             atomic.append_jsonl(out_dir / "prime.jsonl", [rec])
             tick(rec)
         phases["warmup_s"] = round(time.perf_counter() - t0, 1)

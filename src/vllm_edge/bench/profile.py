@@ -365,9 +365,7 @@ def run(cfg: ProfileConfig, pinning: dict | None = None, out: str | os.PathLike 
                                          extra={"core_set_pinned": (pinning or {}).get("cores")}),
     }
     target = Path(out) if out else default_out(path, cfg.prompt_len, cfg.decode_tokens)
-    atomic.write_json(target, result)
-    result["out"] = str(target)
-    return result
+    return atomic.write_result(target, result)
 
 
 # --- output -------------------------------------------------------------------------

@@ -87,7 +87,7 @@ def _fmt(v: Any, digits: int = 4) -> str:
     return str(v)
 
 
-def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+def table(header: list[str], rows: list[list[Any]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(_fmt(c) for c in r) + " |" for r in rows]
     return out
@@ -298,7 +298,7 @@ def _headline(speed: list[Artifact], fid: list[Artifact]) -> list[str]:
               "`NOT A RANKING` where the ranges overlap or a build has one pass. Separate "
               "`bench speed` runs are not interleaved: on a shared host quote the ratio only "
               "from a quiet-host run.", ""]
-    lines += _table(header, rows)
+    lines += table(header, rows)
     srcs = [base, best] + ([fb] if fb else [])
     lines += ["", _source(srcs), ""]
     if not fb:
@@ -334,12 +334,12 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
                              None if s.get("spread_pct") is None else f"{s['spread_pct']:.1f}%",
                              s.get("n"), threads, "; ".join(s.get("flags") or []) or "–",
                              f"`{a.source}`"])
-        lines += _table(["build", "metric", "best", "median", "min", "max", "spread", "n", "threads",
+        lines += table(["build", "metric", "best", "median", "min", "max", "spread", "n", "threads",
                          "flags", "artifact"], rows)
         lines += ["", _source(speed), ""]
         loads = [[a.build, a.data.get("load_s"), f"`{a.source}`"] for a in speed if a.data.get("load_s")]
         if loads:
-            lines += _table(["build", "engine load (s)", "artifact"], loads) + ["", _source(speed), ""]
+            lines += table(["build", "engine load (s)", "artifact"], loads) + ["", _source(speed), ""]
         if len(speed) > 1:
             lines += ["Builds measured in separate runs are not interleaved: compare them only "
                       "through a `vllm-edge grid` run, and not inside their spreads.", ""]
@@ -365,7 +365,7 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
         lines += ["Weights at the bytes the engine reads (the head in full, tied or not; one "
                   "embedding row), plus the KV cache at the mean context of the timed steps; "
                   "see docs/methodology.md.", ""]
-        lines += _table(["build", "metric", "weights (MB)", "KV (MB)", "context", "bytes/token (MB)",
+        lines += table(["build", "metric", "weights (MB)", "KV (MB)", "context", "bytes/token (MB)",
                          "bits/weight (linears+head)", "tied head", "GB/s (median)", "ceiling GB/s",
                          "% of ceiling", "artifact"], rows)
         lines += ["", _source(traffic), ""]
@@ -380,7 +380,7 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
                          a.data.get("buffer_over_llc"), a.data.get("ceiling_gb_per_s") or "none (in cache)",
                          m.get("median"), None if m.get("spread_pct") is None else f"{m['spread_pct']:.1f}%",
                          m.get("n"), "; ".join(m.get("flags") or []) or "–", f"`{a.source}`"])
-        lines += _table(["build", "cores", "buffer", "× LLC", "ceiling GB/s (best)", "median GB/s",
+        lines += table(["build", "cores", "buffer", "× LLC", "ceiling GB/s (best)", "median GB/s",
                          "spread", "n", "flags", "artifact"], rows)
         lines += ["", _source(bws), ""]
     else:
@@ -390,7 +390,7 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
     if mem:
         phases = sorted({p for a in mem for p in a.data["memory_phases"]})
         rows = [[a.build, *[a.data["memory_phases"].get(p) for p in phases], f"`{a.source}`"] for a in mem]
-        lines += _table(["build", *[f"{p} (MB)" for p in phases], "artifact"], rows)
+        lines += table(["build", *[f"{p} (MB)" for p in phases], "artifact"], rows)
         lines += ["", "RssAnon summed over the process tree (engine core and workers included).", "",
                   _source(mem), ""]
         p = plots_dir / PLOT_NAMES["memory"]
@@ -405,7 +405,7 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
         rows = [[a.build, a.data.get("reference_build") or "–",
                  *[a.data.get(part, {}).get(key) for part, key, _ in FIDELITY_COLS], f"`{a.source}`"]
                 for a in fid]
-        lines += _table(["build", "reference", *[c for _, _, c in FIDELITY_COLS], "artifact"], rows)
+        lines += table(["build", "reference", *[c for _, _, c in FIDELITY_COLS], "artifact"], rows)
         lines += ["", _source(fid), ""]
         p = plots_dir / PLOT_NAMES["fidelity"]
         plot_fidelity(fid, p)
@@ -419,7 +419,7 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
         lines += ["## Compile cache (AOT) starts", ""]
         keys = [k for k in aot[0].data["summary"] if not isinstance(aot[0].data["summary"][k], (dict, list))]
         rows = [[k, *[a.data["summary"].get(k) for a in aot]] for k in keys]
-        lines += _table(["summary", *[f"`{a.source}`" for a in aot], ], rows)
+        lines += table(["summary", *[f"`{a.source}`" for a in aot], ], rows)
         lines += ["", _source(aot), ""]
         used |= set(map(id, aot))
 
@@ -468,7 +468,7 @@ def grid_sections(results_dir: Path, results_display: str) -> list[str]:
             lines += [g["description"], ""]
         names = list(metrics)
         rows = [[arm, *[_grid_cell(metrics[m]["arms"].get(arm)) for m in names]] for arm in arms]
-        lines += _table(["arm", *names], rows)
+        lines += table(["arm", *names], rows)
         flags = []
         for m in names:
             r = metrics[m].get("ranking") or {}

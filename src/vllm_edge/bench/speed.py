@@ -497,10 +497,7 @@ def run(cfg: SpeedConfig, pinning: dict | None = None, out: str | os.PathLike | 
                                          extra={"core_set_pinned": (pinning or {}).get("cores")}),
     }
     result["traffic"] = traffic(result, acc, tg_contexts(cfg), ceiling)
-    if out:
-        atomic.write_json(out, result)
-        result["out"] = str(out)
-    return result
+    return atomic.write_result(out, result)
 
 
 def metric_line(result: dict) -> dict:

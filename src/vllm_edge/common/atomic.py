@@ -64,6 +64,15 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
     return write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
 
 
+def write_result(out: str | os.PathLike | None, result: dict) -> dict:
+    """A measurement's result, written to ``out`` when one is given; ``result`` then names the
+    file in ``out`` (the file itself does not hold its own path)."""
+    if out:
+        write_json(out, result)
+        result["out"] = str(out)
+    return result
+
+
 def append_jsonl(path: str | os.PathLike, records: list[dict]) -> Path:
     """Append records by rewriting the file atomically (results files are small)."""
     path = Path(path)

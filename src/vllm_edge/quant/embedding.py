@@ -26,14 +26,6 @@ def _source(layer: torch.nn.Module) -> torch.nn.Module:
 
 
 class CpuInt4EmbeddingMethod(Int4WeightsMixin, QuantizeMethodBase):
-    def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
-                       output_partition_sizes: list[int], input_size: int, output_size: int,
-                       params_dtype: torch.dtype, **extra_weight_attrs) -> None:
-        ops.register()
-        self.params_dtype = params_dtype
-        self.make_weights(layer, input_size_per_partition, output_partition_sizes, input_size,
-                          extra_weight_attrs["weight_loader"])
-
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         if _SOURCE in layer.__dict__:
             return  # tied: the embedding owns (and repacks) the data
@@ -48,8 +40,8 @@ class CpuInt4EmbeddingMethod(Int4WeightsMixin, QuantizeMethodBase):
         if src.cpu_int4_mode == "fallback":
             q = pack.unpack_nibbles(src.weight_packed[input_.reshape(-1)])
             rows = input_.reshape(-1)
-            s = pack._expand_groups(src.weight_scale[rows].float(), src.cpu_int4_group, q.shape[1])
-            z = pack._expand_groups(src.weight_zero[rows].float(), src.cpu_int4_group, q.shape[1])
+            s = pack.expand_groups(src.weight_scale[rows].float(), src.cpu_int4_group, q.shape[1])
+            z = pack.expand_groups(src.weight_zero[rows].float(), src.cpu_int4_group, q.shape[1])
             out = ((q.float() - 8) * s + z).view(*input_.shape, q.shape[1])
         else:
             out = ops.int4_embedding(input_, src.weight_packed, src.weight_sz, src.cpu_int4_kgroup)

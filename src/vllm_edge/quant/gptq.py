@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from vllm_edge.quant.pack import keep_best
+
 BITS = 4
 PACK = 32 // BITS
 SYM_ZERO = 8
@@ -46,18 +48,13 @@ def quantize_sym(w: torch.Tensor, group: int, clip_ratios=DEFAULT_CLIP_RATIOS,
     for r0 in range(0, n, chunk_rows):
         wg = w[r0:r0 + chunk_rows].float().view(-1, k // group, group)
         amax = wg.abs().amax(-1, keepdim=True)
-        best_err = best_q = best_s = None
+        best = None
         for r in clip_ratios:
             s = (amax * r * 2 / 15).clamp_min(FP16_MIN_NORMAL).to(torch.bfloat16).float()
             q = torch.round(wg / s + SYM_ZERO).clamp_(0, 15)
             err = (((q - SYM_ZERO) * s - wg) ** 2).sum(-1, keepdim=True)
-            if best_err is None:
-                best_err, best_q, best_s = err, q, s
-            else:
-                better = err < best_err
-                best_err = torch.where(better, err, best_err)
-                best_q = torch.where(better, q, best_q)
-                best_s = torch.where(better, s, best_s)
+            best = keep_best(best, err, q, s)
+        _, best_q, best_s = best
         qs.append(best_q.reshape(-1, k).to(torch.uint8))
         ss.append(best_s.squeeze(-1))
     return torch.cat(qs), torch.cat(ss)

@@ -75,6 +75,14 @@ class Int4WeightsMixin:
         return f"{base}.{last}.{param}" if base else f"{last}.{param}"
 
     # --- weights ---------------------------------------------------------------------
+    def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
+                       output_partition_sizes: list[int], input_size: int, output_size: int,
+                       params_dtype: torch.dtype, **extra_weight_attrs) -> None:
+        ops.register()
+        self.params_dtype = params_dtype  # the embedding returns its rows in it
+        self.make_weights(layer, input_size_per_partition, output_partition_sizes, input_size,
+                          extra_weight_attrs["weight_loader"])
+
     def make_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
                      output_partition_sizes: list[int], input_size: int,
                      weight_loader: Callable) -> None:
@@ -196,13 +204,6 @@ class Int4WeightsMixin:
 
 
 class CpuInt4LinearMethod(Int4WeightsMixin, LinearMethodBase):
-    def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
-                       output_partition_sizes: list[int], input_size: int, output_size: int,
-                       params_dtype: torch.dtype, **extra_weight_attrs) -> None:
-        ops.register()
-        self.make_weights(layer, input_size_per_partition, output_partition_sizes, input_size,
-                          extra_weight_attrs["weight_loader"])
-
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         self.repack(layer)
 

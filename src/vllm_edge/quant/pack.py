@@ -74,26 +74,29 @@ def quantize(w: torch.Tensor, group: int, clip_ratios=DEFAULT_CLIP_RATIOS,
     return torch.cat(qs), torch.cat(ss), torch.cat(zs)
 
 
+def keep_best(best: tuple | None, err: torch.Tensor, *values: torch.Tensor) -> tuple:
+    """One step of a per-group clip search: ``(err, *values)`` where ``err`` is below the best
+    so far (``best``, None before the first candidate; ties keep the earlier), else the best."""
+    if best is None:
+        return (err, *values)
+    better = err < best[0]
+    return tuple(torch.where(better, new, old) for new, old in zip((err, *values), best))
+
+
 def _quantize_chunk(w: torch.Tensor, group: int, clip_ratios):
     n, k = w.shape
     wg, valid = _pad_groups(w, group)
     wmin = wg.masked_fill(~valid, float("inf")).amin(-1, keepdim=True)
     wmax = wg.masked_fill(~valid, float("-inf")).amax(-1, keepdim=True)
-    best_err = best_q = best_s = best_z = None
+    best = None
     for r in clip_ratios:
         lo, hi = wmin * r, wmax * r
         s = ((hi - lo) / 15).clamp_min(1e-8).to(torch.bfloat16).float()
         z = (lo + 8 * s).to(torch.bfloat16).float()
         q = torch.round((wg - z) / s + 8).clamp_(0, 15)
         err = (((q - 8) * s + z - wg) ** 2 * valid).sum(-1, keepdim=True)
-        if best_err is None:
-            best_err, best_q, best_s, best_z = err, q, s, z
-        else:
-            better = err < best_err
-            best_err = torch.where(better, err, best_err)
-            best_q = torch.where(better, q, best_q)
-            best_s = torch.where(better, s, best_s)
-            best_z = torch.where(better, z, best_z)
+        best = keep_best(best, err, q, s, z)
+    _, best_q, best_s, best_z = best
     q = best_q.reshape(n, -1)[:, :k].to(torch.uint8)
     return q, best_s.squeeze(-1).to(torch.bfloat16), best_z.squeeze(-1).to(torch.bfloat16)
 
@@ -112,7 +115,7 @@ def unpack_nibbles(p: torch.Tensor) -> torch.Tensor:
     return torch.stack((p & 0xF, p >> 4), dim=-1).reshape(p.shape[0], -1)
 
 
-def _expand_groups(t: torch.Tensor, group: int, k: int) -> torch.Tensor:
+def expand_groups(t: torch.Tensor, group: int, k: int) -> torch.Tensor:
     """[N, G] -> [N, K] by repeating each group value over its columns."""
     return t.repeat_interleave(group, dim=1)[:, :k]
 
@@ -122,7 +125,7 @@ def dequantize_plain(p: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
     """The reference: checkpoint layout -> [N, K] weights."""
     q = unpack_nibbles(p).to(torch.float32)
     k = q.shape[1]
-    w = (q - 8) * _expand_groups(scale.float(), group, k) + _expand_groups(zero.float(), group, k)
+    w = (q - 8) * expand_groups(scale.float(), group, k) + expand_groups(zero.float(), group, k)
     return w.to(dtype)
 
 

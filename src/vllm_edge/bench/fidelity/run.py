@@ -110,10 +110,7 @@ def run(model: str, save_ref: str | None = None, ref: str | None = None, out: st
                   "reference_build": reference["meta"].get("build"),
                   "reference_model": reference["meta"].get("model"), **scored,
                   "chunks": len(chunks), "engine": edge.describe(), "provenance": prov}
-    if out:
-        atomic.write_json(out, result)
-        result["out"] = str(out)
-    return result
+    return atomic.write_result(out, result)
 
 
 def _cmd_fidelity(args: argparse.Namespace) -> int:

@@ -116,7 +116,7 @@ class Arm:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def _slug(name: str) -> str:
+def slugify(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "arm"
 
 
@@ -142,7 +142,7 @@ def load_spec(spec: dict | str | os.PathLike) -> dict:
         if not (isinstance(cmd, list) and cmd and all(isinstance(x, str) for x in cmd)):
             raise SpecError(f"arm {a['name']!r}: 'cmd' must be a non-empty argv list of strings")
         env = {str(k): str(v) for k, v in (a.get("env") or {}).items()}
-        slug = _slug(a["name"])
+        slug = slugify(a["name"])
         if slug in slugs:
             raise SpecError(f"arm names must be distinct (after slugging): {a['name']!r}")
         slugs.add(slug)
@@ -228,7 +228,7 @@ def run_arm(arm: Arm, cache_root: Path, cores: list[int] | None, timeout: float 
 def default_work_dir(name: str) -> Path:
     from vllm_edge import envs
 
-    return envs.home() / "grid" / f"{_slug(name)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return envs.home() / "grid" / f"{slugify(name)}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def judge_pairs(per_metric: dict, pairs: list[list[str]]) -> list[dict]:
@@ -357,7 +357,7 @@ def run_grid(spec: dict | str | os.PathLike, passes: int, out_dir: str | os.Path
     cores = [int(c) for c in cores]
     out_dir = Path(out_dir)
     work = Path(work_dir) if work_dir else default_work_dir(spec["name"])
-    cache_roots = {a.name: work / "cache" / _slug(a.name) for a in arms}
+    cache_roots = {a.name: work / "cache" / slugify(a.name) for a in arms}
     timeout = spec.get("timeout_s")
 
     lock = HostLock(lock_path, wait=wait_lock) if lock_path else None
@@ -489,7 +489,7 @@ def main_from_args(args: Any) -> int:
     except SpecError as exc:
         err(str(exc))
         return EXIT_SPEC
-    out_dir = Path(args.out) if args.out else Path("benchmarks/results/grid") / _slug(spec["name"])
+    out_dir = Path(args.out) if args.out else Path("benchmarks/results/grid") / slugify(spec["name"])
     cores = [int(c) for c in args.cores.split(",")] if args.cores else None
     try:
         summary = run_grid(spec, args.passes, out_dir, work_dir=args.work_dir,

@@ -141,10 +141,7 @@ def run(gguf: str | os.PathLike, cfg: speed.SpeedConfig, *, pinning: dict | None
         "provenance": provenance.collect(model=path, threads=threads,
                                          extra={"core_set_pinned": (pinning or {}).get("cores")}),
     }
-    if out:
-        atomic.write_json(out, result)
-        result["out"] = str(out)
-    return result
+    return atomic.write_result(out, result)
 
 
 def metric_line(result: dict) -> dict:

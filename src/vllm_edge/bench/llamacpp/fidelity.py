@@ -22,8 +22,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from vllm_edge.bench.fidelity import run as fidelity_run
 from vllm_edge.bench.fidelity.engine import DEFAULT_KL_K
-from vllm_edge.bench.fidelity.run import LINE_KEYS
 from vllm_edge.bench.llamacpp import verify as gguf_verify
 
 
@@ -64,12 +64,7 @@ def build_label(gguf: str | Path) -> str:
 
 def metric_line(report: dict) -> dict:
     """`vllm-edge fidelity`'s line keys (same definitions), plus the exact full-vocabulary KL."""
-    line: dict = {"benchmark": "fidelity", "engine": "llama.cpp", "build": report["build"]}
-    for part, keys in LINE_KEYS.items():
-        for k in keys:
-            v = report[part].get(k)
-            if v is not None:
-                line[k] = v
+    line: dict = {"benchmark": "fidelity", "engine": "llama.cpp", **fidelity_run.metric_line(report)}
     line["kl_full_mean"] = report["teacher_forced"]["kl_full_mean"]
     if report.get("out"):
         line["out"] = report["out"]
@@ -114,8 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         from vllm_edge.common import atomic, provenance
 
         report["provenance"] = provenance.collect(model=Path(a.cand), threads=a.threads)
-        atomic.write_json(a.out, report)
-        report["out"] = str(a.out)
+        atomic.write_result(a.out, report)
     print(json.dumps(metric_line(report)), flush=True)
     return 0
 

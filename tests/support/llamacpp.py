@@ -1,0 +1,30 @@
+"""llama.cpp in the tests: skip without llama-cpp-python, the default model's GGUF, and the arm
+run as a user would, in a fresh interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_edge.bench.llamacpp.runner import SKIP_REASON
+
+
+def need_llama_cpp() -> None:
+    """Skip the calling test when llama-cpp-python is not installed (the `[baselines]` extra)."""
+    pytest.importorskip("llama_cpp", reason=SKIP_REASON)
+
+
+def default_gguf() -> Path:
+    """The embedded default model's source GGUF (SmolLM2-135M Q4_1, from its PyPI package)."""
+    from vllm_edge.models import store
+
+    return store.source_gguf(store.resolve_key("default"))
+
+
+def run_arm(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m vllm_edge.bench.llamacpp.arm ARGS` in a fresh interpreter."""
+    return subprocess.run([sys.executable, "-m", "vllm_edge.bench.llamacpp.arm", *args],
+                          capture_output=True, text=True, timeout=timeout)

@@ -59,6 +59,14 @@ CASES = {
         "config.json: not valid JSON"),
     "quantize a folder with no config": (
         ["quantize", "{src}", "{root}/out"], lambda src: (src / "config.json").unlink(), "config.json: missing"),
+    "quantize a truncated safetensors file": (
+        ["quantize", "{src}", "{root}/out"],
+        lambda src: (src / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes()[:1000]),
+        "model.safetensors: not a readable safetensors file"),
+    "quantize a garbage safetensors file": (
+        ["quantize", "{src}", "{root}/out"],
+        lambda src: (src / "model.safetensors").write_bytes(b"\x00" * 64),
+        "model.safetensors: not a readable safetensors file"),
     "synthetic over an unrelated folder": (
         ["models", "synthetic", "{root}/photos", "--hidden", "256", "--layers", "2", "--tokenizer-from", "{src}"],
         None, "photos: exists and is a directory with 1 entries"),

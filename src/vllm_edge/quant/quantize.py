@@ -10,6 +10,7 @@ bits per weight).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -77,24 +78,35 @@ def tensor_refs(src: Path) -> Iterator[tuple[str, tuple[Path, str]]]:
 
     files = sorted(src.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"{src}: no *.safetensors files")
+        raise QuantizeError(f"{src}: no *.safetensors files")
     for f in files:
-        with safe_open(str(f), framework="pt") as h:
-            for name in h.keys():
-                yield name, (f, name)
+        with _open(f) as h:
+            names = list(h.keys())
+        for name in names:
+            yield name, (f, name)
+
+
+@contextlib.contextmanager
+def _open(path: Path, name: str | None = None) -> Iterator[Any]:
+    """safe_open with errors that name the file (and tensor): a truncated or garbage file
+    otherwise fails with the library's message alone."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as h:
+            yield h
+    except SafetensorError as exc:
+        what = f"{path}" + (f", tensor {name}" if name else "")
+        raise QuantizeError(f"{what}: not a readable safetensors file ({exc})") from None
 
 
 def load_ref(ref: tuple[Path, str]) -> torch.Tensor:
-    from safetensors import safe_open
-
-    with safe_open(str(ref[0]), framework="pt") as h:
+    with _open(ref[0], ref[1]) as h:
         return h.get_tensor(ref[1])
 
 
 def _shape(ref: tuple[Path, str]) -> tuple[int, ...]:
-    from safetensors import safe_open
-
-    with safe_open(str(ref[0]), framework="pt") as h:
+    with _open(ref[0], ref[1]) as h:
         return tuple(h.get_slice(ref[1]).get_shape())
 
 

@@ -9,7 +9,7 @@ from support.cli_runner import run_cli
 
 
 def test_doctor_reports_the_aot_patch_applied():
-    proc = run_cli("doctor", "--json", timeout=300)
+    proc = run_cli("doctor", "-o", "json", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     states = {p["name"]: p["state"] for p in report["patches"]}
@@ -30,14 +30,14 @@ def test_doctor_fails_naming_a_patch_whose_target_is_missing():
 
 
 def test_doctor_json_lists_env_in_effect():
-    proc = run_cli("doctor", "--json", env={"VLLM_EDGE_LOG_LEVEL": "WARNING"}, timeout=300)
+    proc = run_cli("doctor", "-o", "json", env={"VLLM_EDGE_LOG_LEVEL": "WARNING"}, timeout=300)
     assert json.loads(proc.stdout)["env"]["VLLM_EDGE_LOG_LEVEL"] == "WARNING"
 
 
 def test_doctor_prints_the_edge_mode_choices_with_reasons(default_model_dir):
     import os
 
-    proc = run_cli("doctor", "--json", env={"VLLM_EDGE_THREADS": "1"}, timeout=300)
+    proc = run_cli("doctor", "-o", "json", env={"VLLM_EDGE_THREADS": "1"}, timeout=300)
     edge = json.loads(proc.stdout)["edge_mode"]
     assert edge["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert edge["env"]["OMP_NUM_THREADS"] == "1"
@@ -73,8 +73,8 @@ def test_doctor_detects_the_torchvision_trap(tmp_path):
 
 
 def test_doctor_shows_the_norm_provider_and_whether_it_is_in_the_default_priority():
-    off = json.loads(run_cli("doctor", "--json", timeout=300).stdout)
-    on = json.loads(run_cli("doctor", "--json", env={"VLLM_EDGE_RMSNORM_PROVIDER": "1"}, timeout=300).stdout)
+    off = json.loads(run_cli("doctor", "-o", "json", timeout=300).stdout)
+    on = json.loads(run_cli("doctor", "-o", "json", env={"VLLM_EDGE_RMSNORM_PROVIDER": "1"}, timeout=300).stdout)
     (p_off,), (p_on,) = off["ir_providers"], on["ir_providers"]
     assert p_off["provider"] == p_on["provider"] == "edge_cpu"
     assert p_off["supported"] and p_off["ops"] == {"rms_norm": "registered", "fused_add_rms_norm": "registered"}
@@ -91,7 +91,7 @@ def test_doctor_shows_the_norm_provider_and_whether_it_is_in_the_default_priorit
 def test_doctor_names_the_cpu_int4_kernels():
     from vllm_edge.quant import native
 
-    proc = run_cli("doctor", "--json", timeout=300)
+    proc = run_cli("doctor", "-o", "json", timeout=300)
     kernels = json.loads(proc.stdout)["cpu_int4_kernels"]
     product = {"avx512_bf16", "avx512vbmi"} <= set(native._cpu_flags().split())
     assert kernels["small_batches"].startswith("native product" if product else "tinygemm")

@@ -1,4 +1,5 @@
-"""The env inventory: every name read in src/ is declared, every declared name is documented."""
+"""The env inventory: every name read in src/ is declared, and docs/reference/configuration.md is
+exactly what envs.markdown() renders from the declarations."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from vllm_edge import envs
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "vllm_edge"
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "reference" / "configuration.md"
 ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]+$")
 
 
@@ -78,7 +79,22 @@ def test_every_env_access_in_src_is_declared():
 def test_every_declared_name_is_documented():
     text = DOCS.read_text()
     missing = [n for n in envs.DECLARED if f"`{n}`" not in text]
-    assert not missing, f"docs/configuration.md does not document: {missing}"
+    assert not missing, f"docs/reference/configuration.md does not document: {missing}"
+
+
+def test_configuration_doc_is_generated():
+    assert DOCS.read_text() == envs.markdown(), (
+        "docs/reference/configuration.md differs from envs.py's declarations; regenerate it: "
+        "PYTHONPATH=src python -m vllm_edge.envs > docs/reference/configuration.md")
+
+
+def test_generated_doc_follows_a_changed_declaration(monkeypatch):
+    # The comparison can fail: a changed meaning changes the rendered page.
+    var = envs.DECLARED["VLLM_EDGE_LOG_LEVEL"]
+    monkeypatch.setitem(envs.DECLARED, var.name, envs.EnvVar(var.name, var.type, var.default,
+                                                             "tampered meaning", var.evidence))
+    assert envs.markdown() != DOCS.read_text()
+    assert "tampered meaning" in envs.markdown()
 
 
 def test_declarations_are_complete():

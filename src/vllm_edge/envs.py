@@ -2,7 +2,12 @@
 
 Each entry carries its type, default, meaning and the evidence for the default.
 `tests/test_envs.py` fails on any environment access in `src/` whose name is
-not declared here, and on any declared name missing from docs/configuration.md.
+not declared here, and when docs/reference/configuration.md differs from what
+:func:`markdown` renders from these declarations (regenerate it with
+``python -m vllm_edge.envs > docs/reference/configuration.md``).
+
+Evidence names the artifact or test, never a figure copied from it: figures live
+in the artifacts and in the generated docs/results/.
 
 Read values through :func:`get`; never through ``os.environ`` elsewhere.
 """
@@ -80,7 +85,9 @@ _declare(
     "VLLM_EDGE_HW_PROFILE", "json", None,
     "JSON object that replaces the CPU probe for the weight-path choice (runtime/hw.py "
     "profile()): fields of CpuInfo, e.g. {\"arch\": \"x86_64\", \"isa\": [\"avx512\", "
-    "\"amx_tile\", \"amx_int8\"]}. Thread counts still follow the real allowed cores.",
+    "\"amx_tile\", \"amx_int8\"]}. A given isa replaces the probed flags (missing flags are "
+    "false; our names or raw /proc/cpuinfo names); omitted fields keep their probed values. "
+    "Thread counts still follow the real allowed cores.",
     "Unset: the probe reads this machine. tests/runtime/test_weight_path.py drives the "
     "AMX Xeon, Zen 4 and ARM64 choices through it.",
 )
@@ -91,18 +98,19 @@ _declare(
     "vllm-edge's engines (`run`, `bench speed`). Off leaves vLLM's CPU default, native. The "
     "provider stays selectable with --ir-op-priority either way.",
     "Off until an end-to-end A/B ranks it: benchmarks/specs/rmsnorm.json (bf16 and cpu_int4, "
-    "pp512 and tg128); isolated timings in benchmarks/results/rmsnorm_micro.json. "
-    "design.md 2.4: inductor already fuses the native norm with the residual add.",
+    "pp512 and tg128), results in benchmarks/results/grid/rmsnorm/summary.json, NOT A RANKING; "
+    "isolated timings in benchmarks/results/rmsnorm_micro.json. Inductor already fuses the "
+    "native norm with the residual add (docs/design/patches.md).",
 )
 _declare(
     "VLLM_EDGE_INT4_OPENMP", "bool", False,
     "cpu_int4 prefill on the dequantize route (no AVX512-BF16, VLLM_EDGE_INT4_GEMV=0, or an "
     "integer dequant_threshold): split the native dequantization over torch's own OpenMP team "
     "(quant/native.py, needs the -fopenmp build) instead of Python threads. Read once per process.",
-    "Off until an end-to-end A/B on a quiet host ranks it. On a contended 2-core host a "
-    "2-thread microbenchmark of the four SmolLM2 linears at 512 rows gave 387 vs 236 ms wall "
-    "and 71 vs 46 ms CPU per layer, team vs Python threads (docs/cpu-4bit.md); at 1 thread the "
-    "routes are the same code.",
+    "Off until an end-to-end A/B on a quiet host ranks it. The only measurement so far, an "
+    "unrecorded 2-thread microbenchmark of the four SmolLM2 linears at 512 rows on a contended "
+    "host, had the team slower than the Python threads; at 1 thread the routes are the same code. "
+    "A/B: `bench speed --quant cpu_int4` with and without it.",
 )
 _declare(
     "VLLM_EDGE_INT4_GEMV", "bool", True,
@@ -110,8 +118,9 @@ _declare(
     "\"auto\", every batch) on the native AVX512-BF16 product (quant/csrc/int4_gemv.c). "
     "0 uses tinygemm (_weight_int4pack_mm_for_cpu) and hands over to dequantize + GEMM at 48 "
     "rows, the route before the kernel existed. Read once per process.",
-    "On: 2.2-2.6x tinygemm at one row on the 1B shapes (cpu_int4_microbench_product_g{32,64}.json); the 1B grid "
-    "(benchmarks/results/grid/int4_1b/) runs both settings side by side.",
+    "On: faster than tinygemm at one row on the 1B shapes "
+    "(benchmarks/results/cpu_int4_microbench_product_g{32,64}.json); the 1B grid "
+    "(benchmarks/results/grid/int4_1b/summary.json) runs both settings side by side.",
 )
 
 # --- names owned by other projects that we read -----------------------------
@@ -137,9 +146,10 @@ _declare(
     "Compute threads of the edge one-process mode (`run`, `serve`, the benches). Unset: one per "
     "allowed core. Lower it on a host where other work keeps cores busy; `doctor` samples the "
     "load on the allowed cores and says when it would.",
-    "Quiet 2-core host: 2 threads in one process decode at 42.6 tok/s against 31.1 for vLLM's "
-    "multiprocess executor with 1 (grid/edge_mode_quiet). On a contended host the 2 OpenMP "
-    "threads wait on each other and the ranking vanished (grid/edge_mode, NOT A RANKING).",
+    "Quiet 2-core host: 2 threads in one process decode faster than vLLM's multiprocess "
+    "executor with 1 (benchmarks/results/grid/edge_mode_quiet/summary.json). On a contended host "
+    "the 2 OpenMP threads wait on each other and the ranking vanished "
+    "(benchmarks/results/grid/edge_mode/summary.json, NOT A RANKING).",
     minimum=1
 )
 
@@ -178,6 +188,50 @@ _declare(
     "frontend; on 2 cores that leaves 1 compute thread.", owner="openmp",
     minimum=1
 )
+
+
+_DOC_HEAD = """# Configuration
+
+_Generated from `src/vllm_edge/envs.py` by `python -m vllm_edge.envs`; `tests/test_envs.py` fails
+when this page differs from what it renders. Edit the declarations, not this page._
+
+Every environment variable vllm-edge reads is declared once in `src/vllm_edge/envs.py`, with its
+type, default, meaning and the evidence for the default. `vllm-edge doctor` prints the ones set in
+your shell. A test fails if `src/` reads a name that is not declared.
+"""
+
+_DOC_SECTIONS = (("vllm-edge", "Our switches"), ("vllm", "Names owned by vLLM that we read or set"),
+                 ("openmp", "Names owned by OpenMP that we set"))
+
+
+def _doc_default(var: EnvVar) -> str:
+    if var.default is None:
+        return "unset"
+    if var.type == "bool":
+        return "`1`" if var.default else "`0`"
+    return f"`{var.default}`"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown() -> str:
+    """docs/reference/configuration.md, rendered from the declarations (one table per owner)."""
+    out = [_DOC_HEAD]
+    for owner, title in _DOC_SECTIONS:
+        vars_ = [v for v in DECLARED.values() if v.owner == owner]
+        if not vars_:
+            continue
+        out += [f"## {title}", "", "| variable | type | default | meaning | evidence for the default |",
+                "|---|---|---|---|---|"]
+        out += [f"| `{v.name}` | {v.type} | {_doc_default(v)} | {_cell(v.meaning)} | {_cell(v.evidence)} |"
+                for v in vars_]
+        out.append("")
+    unknown = sorted({v.owner for v in DECLARED.values()} - {o for o, _ in _DOC_SECTIONS})
+    if unknown:
+        raise RuntimeError(f"no configuration.md section for owners {unknown}")
+    return "\n".join(out)
 
 
 def _coerce(var: EnvVar, raw: str) -> Any:
@@ -254,3 +308,7 @@ def in_effect() -> dict[str, str]:
 
 def home() -> Path:
     return get("VLLM_EDGE_HOME")
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

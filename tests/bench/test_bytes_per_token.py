@@ -65,7 +65,7 @@ def int4_parts(base: str, n: int, k: int, group: int) -> dict[str, TensorSpec]:
 
 
 def int4_specs(group: int = DEFAULT_GROUP) -> dict[str, TensorSpec]:
-    """What `vllm-edge quantize --scheme cpu_int4` writes: the head untied and quantized."""
+    """What `vllm-edge quantize --quant cpu_int4` writes: the head untied and quantized."""
     s = {"model.norm.weight": TensorSpec("BF16", (576,))}
     s |= int4_parts("model.embed_tokens", 49152, 576, group)
     s |= int4_parts("lm_head", 49152, 576, group)

@@ -1,4 +1,4 @@
-"""`vllm-edge compare`: its grid specs, its pair verdicts, and docs/comparisons.md rendered from
+"""`vllm-edge compare`: its grid specs, its pair verdicts, and docs/results/comparisons.md rendered from
 real grid summaries of fake arms (no engine starts here)."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def test_speed_spec_runs_both_engines_through_the_same_keys_and_threads():
         assert _flag(arm.cmd, "--threads") == "2" and _flag(arm.cmd, "--batch") == "8"
         assert _flag(arm.cmd, "--reps") == "1"
         llama = arm.name.startswith("llamacpp-")
-        assert ("vllm_edge.bench.llamacpp.arm" in arm.cmd) == llama
+        assert (arm.cmd[2:5] == ["vllm_edge.cli", "bench", "llamacpp"]) == llama  # `vllm-edge bench llamacpp`
         assert ("speed" in arm.cmd) == (not llama)  # `vllm-edge bench speed`
         assert ("--no-mmap" in arm.cmd) == llama  # weights in RssAnon on both sides
     assert spec["cores"] == [0, 1]

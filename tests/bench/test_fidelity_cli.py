@@ -1,21 +1,8 @@
-"""`vllm-edge fidelity` wiring without an engine: flags, lengths, the metric line."""
+"""`vllm-edge fidelity` wiring without an engine: lengths, the metric line (flags: tests/cli)."""
 
 from __future__ import annotations
 
-import pytest
-
 from vllm_edge.bench.fidelity import run as fidelity_cli
-from vllm_edge.cli import build_parser
-
-
-def test_needs_exactly_one_mode():
-    p = build_parser()
-    with pytest.raises(SystemExit):
-        p.parse_args(["fidelity"])
-    with pytest.raises(SystemExit):
-        p.parse_args(["fidelity", "--save-ref", "a", "--ref", "b"])
-    args = p.parse_args(["fidelity", "--ref", "r", "--corpus-chunks", "2"])
-    assert args.ref == "r" and args.corpus_chunks == 2 and args.kl_k == 10
 
 
 def test_needed_len_rounds_up():

@@ -56,7 +56,7 @@ def test_source_is_recognised_as_quantized():
 
 
 def test_verify_flag_without_llama_cpp_says_so(monkeypatch, capsys, default_model_dir):
-    from vllm_edge.cli import gguf as gguf_cli
+    from vllm_edge.cli.models import import_gguf as gguf_cli
 
     monkeypatch.setattr(llamacpp_runner, "available", lambda: False)
     rc = gguf_cli.run_verify(str(default_gguf()), default_model_dir, None)

@@ -27,7 +27,7 @@ def test_metric_line_has_vllm_fidelity_keys_plus_full_kl():
 
 def test_missing_gguf_is_named(tmp_path, default_model_dir):
     need_llama_cpp()
-    proc = subprocess.run([sys.executable, "-m", "vllm_edge.bench.llamacpp.fidelity",
+    proc = subprocess.run([sys.executable, "-m", "vllm_edge.cli", "bench", "llamacpp-fidelity",
                            "--ref", str(tmp_path / "ref.gguf"), "--cand", str(tmp_path / "ref.gguf"),
                            "--tokenizer", str(default_model_dir)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and f"{tmp_path / 'ref.gguf'}: no such GGUF file" in proc.stderr

@@ -19,7 +19,7 @@ def test_a_build_against_itself_is_perfect(tmp_path, default_model_dir):
     need_llama_cpp()
     gguf = str(default_gguf())
     out = tmp_path / "fid.json"
-    proc = subprocess.run([sys.executable, "-m", "vllm_edge.bench.llamacpp.fidelity", "--ref", gguf,
+    proc = subprocess.run([sys.executable, "-m", "vllm_edge.cli", "bench", "llamacpp-fidelity", "--ref", gguf,
                            "--cand", gguf, "--tokenizer", str(default_model_dir), "--greedy-tokens", "4",
                            "--prompt-ids", "chat-capital,chat-code,tool-weather",
                            "--chunks", "1", "--chunk-len", "128", "--threads", "1", "--out", str(out)],

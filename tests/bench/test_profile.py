@@ -6,11 +6,11 @@ import json
 
 import pytest
 import torch
-from support.cli_runner import run_cli
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
 
+from support.cli_runner import run_cli
 from vllm_edge.bench import profile
 
 

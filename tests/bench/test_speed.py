@@ -8,8 +8,8 @@ import pytest
 
 from vllm_edge.bench import speed
 from vllm_edge.bench.speed import SpeedArgError, SpeedConfig
-from vllm_edge.cli import build_parser
-from vllm_edge.cli import speed as speed_cli
+from vllm_edge.cli import main
+from vllm_edge.cli.bench import speed as speed_cli
 from vllm_edge.common import pinning
 from vllm_edge.common.errors import UsageError
 from vllm_edge.quant.groups import DEFAULT_GROUP
@@ -83,8 +83,7 @@ def test_cli_rejects_context_len_before_any_engine(capsys, monkeypatch):
 
     monkeypatch.setattr(speed, "run", boom)
     monkeypatch.setattr(speed_cli, "pin", boom)
-    args = build_parser().parse_args(["bench", "speed", "--context-len", "9000", "--reps", "1"])
-    assert args.func(args) == 2
+    assert main(["bench", "speed", "--context-len", "9000", "--reps", "1"]) == 2
     assert "--context-len 9000 needs 9128 positions" in capsys.readouterr().err
 
 
@@ -161,11 +160,9 @@ def test_cli_rejects_a_missing_bandwidth_file_and_quant_on_a_directory(capsys, m
 
     monkeypatch.setattr(speed, "run", boom)
     monkeypatch.setattr(speed_cli, "pin", boom)
-    args = build_parser().parse_args(["bench", "speed", "--bandwidth", str(tmp_path / "nope.json")])
-    assert args.func(args) == 2
+    assert main(["bench", "speed", "--bandwidth", str(tmp_path / "nope.json")]) == 2
     assert "nope.json: no such file" in capsys.readouterr().err
-    args = build_parser().parse_args(["bench", "speed", "--model", str(tmp_path), "--quant", "cpu_int4"])
-    assert args.func(args) == 2
+    assert main(["bench", "speed", "--model", str(tmp_path), "--quant", "cpu_int4"]) == 2
     assert "--quant cpu_int4 needs an embedded model name" in capsys.readouterr().err
 
 

@@ -1,4 +1,4 @@
-"""`--scheme gptq`: the standard GPTQ packing (checked bit by bit), symmetric RTN, the untied head."""
+"""`--quant gptq`: the standard GPTQ packing (checked bit by bit), symmetric RTN, the untied head."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The `--scheme gptq` export of SmolLM2-135M loads in stock vLLM through its in-tree CPU
+"""The `--quant gptq` export of SmolLM2-135M loads in stock vLLM through its in-tree CPU
 GPTQ path (cpu_gemm_wna16 here: no AMX, so not W4A8) and matches the dequantized reference.
 
 One engine (module-scoped); the reference is transformers in fp32 on the weights read back

@@ -77,25 +77,6 @@ def test_bad_scheme_and_group():
         quantize_model("x", "y", group=96)
 
 
-def test_cli_parses_quantize():
-    from vllm_edge.cli import build_parser
-
-    args = build_parser().parse_args(["quantize", "a", "b", "--group", "128"])
-    assert (args.src, args.dst, args.scheme, args.group) == ("a", "b", "cpu_int4", 128)
-    assert args.func.__module__ == "vllm_edge.cli.quantize"
-
-
-@pytest.mark.parametrize("argv", [["quantize", "a", "b"], ["models", "prepare"], ["models", "build-vlm"],
-                                  ["bench", "speed"], ["fidelity", "--ref", "r"]])
-def test_every_group_flag_takes_32_and_refuses_96(argv, capsys):
-    from vllm_edge.cli import build_parser
-
-    assert build_parser().parse_args([*argv, "--group", "32"]).group == 32
-    with pytest.raises(SystemExit):
-        build_parser().parse_args([*argv, "--group", "96"])
-    assert "invalid choice: 96" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize("quantize_embedding", [True, False])
 def test_tied_table_is_quantized_once_and_written_under_both_names(tiny_llama, tmp_path,
                                                                     monkeypatch, quantize_embedding):

@@ -109,7 +109,7 @@ def test_run_falls_back_loudly_when_gptq_export_is_missing(monkeypatch):
 def test_run_bf16_is_explicit():
     p = for_run({"arch": "x86_64", "isa": {"avx512": True}}, dtype="bf16")
     assert p.name == "bf16" and p.scheme is None
-    assert "--dtype bf16" in p.reasons[0] and "cpu_int4" in p.reasons[0]
+    assert "--quant none" in p.reasons[0] and "cpu_int4" in p.reasons[0]
     with pytest.raises(ValueError, match="dtype"):
         for_run({"arch": "x86_64", "isa": {}}, dtype="fp8")
 
@@ -145,6 +145,25 @@ def test_doctor_json_carries_the_path(monkeypatch):
 
 def test_amx_runs_the_gptq_export_when_it_exists():
     ok, _ = weight_path.gptq_export_status()
-    assert ok  # `vllm-edge quantize --scheme gptq` exists
+    assert ok  # `vllm-edge quantize --quant gptq` exists
     p = for_run({"arch": "x86_64", "isa": {"avx512": True, "amx_tile": True, "amx_int8": True}})
     assert (p.name, p.scheme, p.group, p.fallback_from) == ("gptq_w4a8", "gptq", 64, None)
+
+
+@pytest.mark.parametrize("name", sorted(ARCH))
+def test_reasons_quote_no_copied_figure(snapshot, name):
+    # `run` and `doctor` print these: a figure here would go stale with the kernel
+    # (figures live in benchmarks/results/ and the generated docs).
+    import re
+
+    figure = re.compile(r"\d(?:\.\d+)?\s?(?:x|×|tok/s|MB\b|ms\b|µs\b|GB/s)(?![\d\w])")
+    for priority in ("speed", "fidelity"):
+        for reason in select_weight_path(snapshot(name), priority).reasons:
+            assert not figure.search(reason), reason
+
+
+def test_avx512_reasons_name_the_kernel_that_runs(monkeypatch):
+    monkeypatch.setenv("VLLM_EDGE_HW_PROFILE", json.dumps({"arch": "x86_64", "isa": ["avx512", "avx512_bf16"]}))
+    assert any("native product" in r for r in select_weight_path(hw.profile()).reasons)
+    monkeypatch.setenv("VLLM_EDGE_HW_PROFILE", json.dumps({"arch": "x86_64", "isa": ["avx512"]}))
+    assert any("tinygemm" in r for r in select_weight_path(hw.profile()).reasons)

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def result(default_model_dir):
-    proc = run_cli("run", "--json", "--max-tokens", "24")
+    proc = run_cli("run", "-o", "json", "--max-tokens", "24")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return last_json_line(proc.stdout)
 

@@ -25,6 +25,6 @@ def default_gguf() -> Path:
 
 
 def run_arm(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`python -m vllm_edge.bench.llamacpp.arm ARGS` in a fresh interpreter."""
-    return subprocess.run([sys.executable, "-m", "vllm_edge.bench.llamacpp.arm", *args],
+    """`vllm-edge bench llamacpp ARGS` in a fresh interpreter."""
+    return subprocess.run([sys.executable, "-m", "vllm_edge.cli", "bench", "llamacpp", *args],
                           capture_output=True, text=True, timeout=timeout)

@@ -1,6 +1,6 @@
 """`vllm-edge bench aot-cache`: cold start, then warm starts, on one VLLM_CACHE_ROOT.
 
-Each start is a fresh `vllm-edge run --json` process. We record vLLM's own
+Each start is a fresh `vllm-edge run -o json` process. We record vLLM's own
 "init engine ... took" figure, our ready time from process start, what the log
 says about the AOT artifact, and the worker's compilation counters (which
 prove a warm start compiled nothing).
@@ -42,7 +42,7 @@ def one_start(model: str, cache_root: Path, extra_env: dict[str, str] | None = N
               timeout: float = 900, multiprocess: bool = True) -> dict[str, Any]:
     env = dict(os.environ, VLLM_CACHE_ROOT=str(cache_root))
     env.update(extra_env or {})
-    cmd = [sys.executable, "-m", "vllm_edge.cli", "run", "--json", "--model", model, "--max-tokens", "16"]
+    cmd = [sys.executable, "-m", "vllm_edge.cli", "run", "-o", "json", "--model", model, "--max-tokens", "16"]
     if multiprocess:
         cmd.append("--multiprocess")
     t0 = time.time()

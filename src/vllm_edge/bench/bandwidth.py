@@ -15,15 +15,14 @@ used as a ceiling.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from vllm_edge.common import stats
+from vllm_edge.common.errors import EdgeError
 
 DEFAULT_OUT = "benchmarks/results/bandwidth.json"
 METRIC = "read_gb_per_s"
@@ -34,7 +33,7 @@ DEFAULT_REPS = 10
 GB = 1e9                   # bandwidth in decimal GB/s, as vendors quote it
 
 
-class BandwidthError(ValueError):
+class BandwidthError(EdgeError, ValueError):
     """Bad arguments or an unusable bandwidth artifact."""
 
 
@@ -171,57 +170,3 @@ def format_table(result: dict) -> str:
     rows.append("ceiling: " + (f"{result['ceiling_gb_per_s']:.2f} GB/s (best pass)"
                                if result["ceiling_gb_per_s"] else "none: the buffer fit in the cache"))
     return "\n".join(rows)
-
-
-# --- CLI ---------------------------------------------------------------------------
-
-def _cmd_bandwidth(args: argparse.Namespace) -> int:
-    from vllm_edge.common import pinning
-    from vllm_edge.common.errors import UsageError
-
-    try:
-        cpus = pinning.parse_int_list(args.cpus, "--cpus") or None
-        if args.threads is not None and args.threads < 1:
-            raise UsageError("--threads must be at least 1")
-        cores = pinning.core_set(cpus, args.threads, sorted(os.sched_getaffinity(0)))
-        if args.reps < 1:
-            raise BandwidthError("--reps must be at least 1")
-        if args.buffer_mib is not None and args.buffer_mib < 1:
-            raise BandwidthError("--buffer-mib must be at least 1")
-    except (UsageError, BandwidthError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    pinning = pinning.pin(cores)
-    try:
-        result = run(buffer_bytes=args.buffer_mib << 20 if args.buffer_mib else None, reps=args.reps,
-                     pinning=pinning, allow_in_cache=args.allow_in_cache, out=args.out)
-    except BandwidthError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(format_table(result), file=sys.stderr)
-    if args.out:
-        print(f"[bandwidth] wrote {args.out}", file=sys.stderr)
-    line = {"benchmark": "bandwidth", "build": result["build"], METRIC: result["median_gb_per_s"],
-            "ceiling_gb_per_s": result["ceiling_gb_per_s"], "in_cache": result["in_cache"]}
-    if result.get("out"):
-        line["out"] = result["out"]
-    print(json.dumps(line), flush=True)
-    return 0
-
-
-def add_bandwidth_commands(sub: "argparse._SubParsersAction") -> None:
-    b = sub.add_parser(
-        "bandwidth", help="achievable memory read bandwidth on the core set (the bytes/token ceiling)",
-        description="Streaming reductions over a buffer much larger than the last-level cache, "
-                    "on N pinned threads like `bench speed`. The ceiling is the best pass; "
-                    "`bench speed` reads it back for the same cores.")
-    b.add_argument("--threads", type=int, default=None,
-                   help="use the first N cores of the core set (as `bench speed`)")
-    b.add_argument("--cpus", default=None, metavar="0,1", help="core set (default: our affinity)")
-    b.add_argument("--buffer-mib", type=int, default=None,
-                   help=f"buffer size (default: max({MIN_BUFFER_MIB} MiB, {DEFAULT_LLC_MULTIPLE}x the LLC))")
-    b.add_argument("--reps", type=int, default=DEFAULT_REPS, help="passes per kernel (default %(default)s)")
-    b.add_argument("--allow-in-cache", action="store_true",
-                   help=f"accept a buffer under {MIN_LLC_MULTIPLE}x the LLC (a test run; not a ceiling)")
-    b.add_argument("--out", default=DEFAULT_OUT, help="result JSON (default %(default)s; '' for none)")
-    b.set_defaults(func=_cmd_bandwidth)

@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from vllm_edge.common.errors import EdgeError
+
 # safetensors dtype strings -> bytes per element
 ST_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2,
                   "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2,
@@ -41,7 +43,7 @@ CPU_INT4_PARTS = ("weight_packed", "weight_scale", "weight_zero")
 GPTQ_PARTS = ("qweight", "qzeros", "scales", "g_idx")
 
 
-class AccountingError(ValueError):
+class AccountingError(EdgeError, ValueError):
     """The checkpoint cannot be accounted (missing file, unknown dtype, bad config)."""
 
 

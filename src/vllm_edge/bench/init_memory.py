@@ -8,7 +8,7 @@ children, and phase marks record the tree at:
 before_import, after_import, after_engine, after_release, after_generate,
 after_fill (a prompt of ``--context-len`` tokens fills the KV cache).
 
-The child's switches turn single levers off (``--multiprocess``,
+The child (`vllm-edge bench init-memory --child`) has switches that turn single levers off (``--multiprocess``,
 ``--kv-gib N`` for vLLM's whole-GiB sizing instead of the priced budget,
 ``--no-release``), so a grid can show each lever's share; with the patch
 switches and ``VLLM_PLUGINS=""`` in the arm's environment it also runs stock.
@@ -24,27 +24,25 @@ import time
 from typing import Any
 
 from vllm_edge.common import atomic, provenance
+from vllm_edge.common.errors import UsageError
 from vllm_edge.common.jsonline import last_json_line
 
 PHASES = ("before_import", "after_import", "after_engine", "after_release",
           "after_generate", "after_fill")
 
 
-def child_main(argv: list[str]) -> int:
-    import argparse
+def child(model: str, max_model_len: int = 2048, context_len: int = 1024, multiprocess: bool = False,
+          enforce_eager: bool = False, kv_gib: int | None = None, release: bool = True) -> int:
+    """One rep, in this (fresh) process: `vllm-edge bench init-memory --child ...`. Prints one
+    JSON line. ``kv_gib`` sizes the KV cache as stock vLLM does (VLLM_CPU_KVCACHE_SPACE=N GiB);
+    ``release=False`` does not ask the worker to trim arenas."""
+    from types import SimpleNamespace
 
     from vllm_edge.common.procmem import TreeSampler, process_start_epoch, tree_rss_anon_mb
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--max-model-len", type=int, default=2048)
-    ap.add_argument("--context-len", type=int, default=1024)
-    ap.add_argument("--multiprocess", action="store_true")
-    ap.add_argument("--enforce-eager", action="store_true")
-    ap.add_argument("--kv-gib", type=int, default=None,
-                    help="size the KV cache as stock vLLM does, VLLM_CPU_KVCACHE_SPACE=N GiB")
-    ap.add_argument("--no-release", action="store_true", help="do not ask the worker to trim arenas")
-    a = ap.parse_args(argv)
+    a = SimpleNamespace(model=model, max_model_len=max_model_len, context_len=context_len,
+                        multiprocess=multiprocess, enforce_eager=enforce_eager, kv_gib=kv_gib,
+                        no_release=not release)
     if not os.path.isdir(a.model):
         from vllm_edge.models.store import ensure_model
 
@@ -107,14 +105,14 @@ def run(model: str = "default", reps: int = 1, context_len: int = 1024, max_mode
         multiprocess: bool = False, enforce_eager: bool = False, out: str | None = None,
         extra_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     if context_len > max_model_len:
-        raise ValueError(f"--context-len {context_len} is larger than --max-model-len {max_model_len}")
+        raise UsageError(f"--context-len {context_len} is larger than --max-model-len {max_model_len}")
     from vllm_edge.models.store import ensure_model
 
     path = ensure_model(model)
     prov = provenance.collect(model=path, extra={"bench": "init-memory"})
     records = []
     for rep in range(reps):
-        cmd = [sys.executable, "-m", "vllm_edge.bench.init_memory", "--model", str(path),
+        cmd = [sys.executable, "-m", "vllm_edge.cli", "bench", "init-memory", "--child", "--model", str(path),
                "--max-model-len", str(max_model_len), "--context-len", str(context_len)]
         if multiprocess:
             cmd.append("--multiprocess")
@@ -137,6 +135,3 @@ def run(model: str = "default", reps: int = 1, context_len: int = 1024, max_mode
         atomic.append_jsonl(out, [{"provenance": prov}] + records)
     return records
 
-
-if __name__ == "__main__":
-    sys.exit(child_main(sys.argv[1:]))

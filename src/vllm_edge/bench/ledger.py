@@ -14,6 +14,8 @@ import mmap
 import os
 from typing import Any, Iterable
 
+from vllm_edge.common.errors import UsageError
+
 PAGE = mmap.PAGESIZE
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
@@ -180,7 +182,7 @@ def bench(model: str = "default", context_len: int = 1024, max_model_len: int = 
           multiprocess: bool = False, enforce_eager: bool = False, out: str | None = None) -> dict:
     """`vllm-edge bench ledger`: load, fill the KV cache with ``context_len`` tokens, attribute."""
     if context_len > max_model_len:
-        raise ValueError(f"--context-len {context_len} is larger than --max-model-len {max_model_len}")
+        raise UsageError(f"--context-len {context_len} is larger than --max-model-len {max_model_len}")
     from vllm_edge.bench import WORKER_EXTENSION
     from vllm_edge.common import atomic, provenance
     from vllm_edge.models.store import ensure_model

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from vllm_edge.bench import speed
+from vllm_edge.common.errors import EdgeError
 from vllm_edge.quant.groups import DEFAULT_GROUP
 
 MARK_PREFIX = "edge_profile/"
@@ -62,7 +63,7 @@ NAME_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-class ProfileError(RuntimeError):
+class ProfileError(EdgeError, RuntimeError):
     """The profile could not be taken or does not show what it should."""
 
 

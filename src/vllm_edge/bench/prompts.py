@@ -1,4 +1,4 @@
-"""The fixed fidelity prompt set and the teacher-forced corpus (design.md §5).
+"""The fixed fidelity prompt set and the teacher-forced corpus (docs/design/fidelity.md).
 
 Everything here is built from text that ships with CPython (``pydoc_data.topics``),
 so a reference saved on one machine can be compared on another without a

@@ -29,6 +29,7 @@ from typing import Any, AsyncIterator
 from urllib.parse import urlparse
 
 from vllm_edge.bench import prompts
+from vllm_edge.common.errors import EdgeError
 from vllm_edge.common.procmem import TreeSampler
 from vllm_edge.common.stats import percentiles
 
@@ -55,7 +56,7 @@ async def sse_lines(resp: Any) -> AsyncIterator[str]:
         yield buf
 
 
-class SoakError(Exception):
+class SoakError(EdgeError):
     pass
 
 

@@ -1,22 +1,24 @@
-"""`vllm-edge agent ...` subcommands."""
+"""`vllm-edge agent run|list`: the agent suite on a simulated phone, judged by device state."""
 
 from __future__ import annotations
 
 import argparse
-import sys
+
+from vllm_edge.cli.args import add_out, reported
+
+NAME = "agent"
+HELP = "agent suite on a simulated phone, judged by device state"
+GROUP = True
 
 
-def _cmd_agent_run(args: argparse.Namespace) -> int:
+def run_suite(args: argparse.Namespace) -> int:
     from vllm_edge.agent import suite
     from vllm_edge.agent.client import openai_chat
     from vllm_edge.agent.tasks import select_tasks, select_variants
 
-    try:
+    with reported(ValueError):
         tasks = select_tasks(args.tasks)
         variants = select_variants(args.variants)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     chat = openai_chat(args.base_url, args.model, api_key=args.api_key, temperature=args.temperature,
                        max_tokens=args.max_tokens, seed=args.seed)
     report = suite.run_suite(chat, tasks, variants, repeat=args.repeat, max_steps=args.max_steps)
@@ -48,7 +50,7 @@ def _served(args: argparse.Namespace) -> dict | None:
     return None
 
 
-def _cmd_agent_list(args: argparse.Namespace) -> int:
+def list_tasks(args: argparse.Namespace) -> int:
     from vllm_edge.agent.device import VARIANTS
     from vllm_edge.agent.tasks import TASKS
 
@@ -58,9 +60,8 @@ def _cmd_agent_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_agent_commands(subparsers: argparse._SubParsersAction) -> None:
-    a = subparsers.add_parser("agent", help="agent suite on a simulated phone, judged by device state")
-    asub = a.add_subparsers(dest="agent_command", required=True)
+def add_args(p: argparse.ArgumentParser) -> None:
+    asub = p.add_subparsers(dest="agent_command", required=True)
     r = asub.add_parser("run", help="run tasks x variants x repeats against an OpenAI-compatible server")
     r.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000/v1")
     r.add_argument("--model", required=True, help="served model name")
@@ -73,7 +74,11 @@ def add_agent_commands(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--temperature", type=float, default=0.0)
     r.add_argument("--max-tokens", type=int, default=256, help="per model turn")
     r.add_argument("--seed", type=int, default=None)
-    r.add_argument("--out", default="benchmarks/results/agent_suite.json", help="JSON result path ('' for none)")
-    r.set_defaults(func=_cmd_agent_run)
+    add_out(r, default="benchmarks/results/agent_suite.json", help="JSON result path ('' for none)")
+    r.set_defaults(func=run_suite)
     ls = asub.add_parser("list", help="tasks and variants")
-    ls.set_defaults(func=_cmd_agent_list)
+    ls.set_defaults(func=list_tasks)
+
+
+def run(args: argparse.Namespace) -> int:
+    return args.func(args)

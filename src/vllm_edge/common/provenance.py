@@ -1,4 +1,4 @@
-"""Provenance attached to every result artifact (design.md §4 rule 6)."""
+"""Provenance attached to every result artifact (docs/design/measurement.md, "Provenance")."""
 
 from __future__ import annotations
 

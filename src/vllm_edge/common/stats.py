@@ -1,5 +1,5 @@
 """Judgement over repeated measurements: best, median, spread and the flags
-that stop a reader from ranking inside the noise (design.md §4 rule 5).
+that stop a reader from ranking inside the noise (docs/design/measurement.md, "Repetition and judgement").
 
 Direction comes from the metric name so that no caller can forget it:
 

@@ -11,7 +11,7 @@ Registered is not selected. vLLM dispatches to a provider only when
 CLI). Inductor already fuses the native norm with the residual add, so an
 opaque kernel can lose end to end; whether vllm-edge's own engines put it first
 is the switch ``VLLM_EDGE_RMSNORM_PROVIDER`` (off by default; the evidence is
-in docs/configuration.md).
+in docs/reference/configuration.md).
 """
 
 # No `from __future__ import annotations`: vLLM infers each impl's torch schema

@@ -21,6 +21,7 @@ from typing import Iterator
 import numpy as np
 
 from vllm_edge.common import atomic
+from vllm_edge.common.errors import EdgeError
 
 logger = logging.getLogger("vllm_edge.models")
 
@@ -28,7 +29,7 @@ EXPORTER_VERSION = "gguf-export/1"
 DEFAULT_QUANTS = ("Q4_K_M", "Q4_0", "Q8_0")
 
 
-class GgufExportError(Exception):
+class GgufExportError(EdgeError):
     """A model directory that cannot be exported; the message says why."""
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_edge.common import atomic, manifest
+from vllm_edge.common.errors import EdgeError
 
 logger = logging.getLogger("vllm_edge.models")
 
@@ -25,9 +26,9 @@ CONVERTER_VERSION = "gguf-import/1"
 KIND = CONVERTER_VERSION.split("/")[0]
 
 # Architectures whose conversion we have checked. transformers mis-converts
-# others (gemma3 gives degenerate text where llama.cpp is correct: design.md §6).
+# others (gemma3 gives degenerate text where llama.cpp is correct: docs/guide/llama-cpp.md, "Gemma 3 270M").
 SUPPORTED_ARCHS = {"llama"}
-# What we found for refused architectures we tried (docs/llama-cpp.md).
+# What we found for refused architectures we tried (docs/guide/llama-cpp.md).
 ARCH_FINDINGS = {
     "gemma3": (
         "Checked against llama.cpp on gemma-3-270m Q4_K_M: transformers' dequantized weights and "
@@ -42,7 +43,7 @@ ARCH_FINDINGS = {
 GGUF_MAGIC = b"GGUF"
 
 
-class GgufImportError(Exception):
+class GgufImportError(EdgeError):
     """A GGUF that cannot be imported; the message names the file and the reason."""
 
 

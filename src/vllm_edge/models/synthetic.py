@@ -1,5 +1,5 @@
 """A bf16 checkpoint with random weights, for speed and memory measurements at sizes the
-embedded model does not reach (issue 4: hidden 2048, 16 layers, vocabulary 49152, tied
+embedded model does not reach (the 1B shape: hidden 2048, 16 layers, vocabulary 49152, tied
 head, ~1B parameters), and for running architectures we have no real weights of.
 
 Architectures (``arch``): ``llama`` (LlamaForCausalLM), ``qwen2`` (Qwen2ForCausalLM: a

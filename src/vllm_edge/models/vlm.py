@@ -1,5 +1,5 @@
 """An offline vision-language checkpoint: Idefics3 (the SmolVLM architecture) built
-around the embedded SmolLM2-135M (issue 9).
+around the embedded SmolLM2-135M (docs/guide/multimodal.md).
 
 - Language model: SmolLM2's real weights, renamed under ``model.text_model``.
 - Vision encoder (SigLIP-shaped) and connector: seeded random weights at real shapes

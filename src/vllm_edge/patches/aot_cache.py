@@ -1,4 +1,4 @@
-"""CPU AOT compile-cache load (design.md §2.1).
+"""CPU AOT compile-cache load (docs/design/patches.md).
 
 vLLM 0.32.0's ``_try_load_aot_compiled_fn`` calls
 ``loaded_fn._artifacts.compiled_fn.finalize_loading(vllm_config)``. With the

@@ -1,4 +1,4 @@
-"""Release allocator arenas after load and after warm-up (design.md §2.3).
+"""Release allocator arenas after load and after warm-up (docs/design/patches.md).
 
 vLLM 0.32.0's CPU worker never returns freed heap memory to the OS: garbage
 from weight loading, repacking and compilation stays in the allocator's arenas

@@ -1,4 +1,4 @@
-"""An explicit KV budget wins on CPU (design.md §2.2).
+"""An explicit KV budget wins on CPU (docs/design/patches.md).
 
 vLLM 0.32.0's ``CpuPlatform.check_and_update_config`` ends with a "Legacy
 setting" block: whenever ``VLLM_CPU_KVCACHE_SPACE`` is set it overwrites

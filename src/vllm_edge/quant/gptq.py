@@ -1,4 +1,4 @@
-"""Symmetric 4-bit weights in the standard GPTQ checkpoint format (``--scheme gptq``).
+"""Symmetric 4-bit weights in the standard GPTQ checkpoint format (``--quant gptq``).
 
 This is the format vLLM's own CPU paths read: ``int4_scaled_mm_cpu`` (W4A8, AMX only)
 and ``cpu_gemm_wna16`` elsewhere. Weights are rounded to nearest with a per-group

@@ -25,6 +25,7 @@ from torch.nn import Parameter
 from vllm.model_executor.layers.linear import LinearMethodBase
 from vllm.model_executor.utils import set_weight_attrs
 
+from vllm_edge.common.errors import EdgeError
 from vllm_edge.quant import ops, pack
 
 logger = logging.getLogger("vllm_edge.quant")
@@ -40,7 +41,7 @@ def log_once(key: str, msg: str, *args: Any) -> None:
         logger.warning(msg, *args)
 
 
-class CheckpointError(ValueError):
+class CheckpointError(EdgeError, ValueError):
     """A cpu_int4 checkpoint tensor is missing or malformed."""
 
 

@@ -1,18 +1,17 @@
 """The native int4 kernels: ``csrc/int4_gemv.c`` (the product for batches up to the
 dequantization threshold) and ``csrc/int4_dequant.c`` (the dequantizer for larger ones).
 
-The product (:func:`gemv`) reads the packed tinygemm tensor with AVX512-BF16 dot products:
-2.2-2.6x tinygemm's speed at one row on the 1B shapes, 40-48 GB/s of weights on two cores
-(docs/cpu-4bit.md). Without AVX512-BF16 and VBMI it reports unsupported and tinygemm runs instead.
+The product (:func:`gemv`) reads the packed tinygemm tensor with AVX512-BF16 dot products,
+faster than tinygemm at one row (figures: benchmarks/results/cpu_int4_microbench_product_g*.json;
+why: docs/design/cpu-int4.md). Without AVX512-BF16 and VBMI it reports unsupported and tinygemm runs instead.
 
-The torch-op formulation (``pack.dequantize_packed_t``) costs ~2.5 ns per weight of CPU
-time (addcmul with int8 -> bf16 promotion, strided outputs), as much as the 512-row bf16
-GEMM it feeds. The C kernel reads the packed tinygemm tensor once and writes row-major
-bf16 through a 16-entry lookup table per row and group: ~0.4 ns per weight here
-(docs/cpu-4bit.md). It is bit-identical to :func:`pack.dequantize_packed`.
+The torch-op formulation (``pack.dequantize_packed_t``) costs as much CPU time as the
+512-row bf16 GEMM it feeds (addcmul with int8 -> bf16 promotion, strided outputs). The C
+kernel reads the packed tinygemm tensor once and writes row-major bf16 through a 16-entry
+lookup table per row and group (docs/design/cpu-int4.md). It is bit-identical to :func:`pack.dequantize_packed`.
 
 Both are plain C without torch headers, built into one library with the system C compiler
-on first use (about 0.5 s) and cached under ``$VLLM_EDGE_HOME/kernels``, keyed by the source, the
+on first use and cached under ``$VLLM_EDGE_HOME/kernels``, keyed by the source, the
 compiler, the flags and the CPU's ISA flags (``-march=native`` code must not run on
 another CPU sharing the cache). No compiler, or a failed build, means the torch-op route,
 logged once: slower, never wrong.
@@ -85,7 +84,7 @@ def library() -> ctypes.CDLL | None:
     cc = _compiler()
     if cc is None:
         logger.warning("cpu_int4: no C compiler found; multi-row batches dequantize with torch "
-                       "ops (correct, ~6x slower dequantization)")
+                       "ops (correct, slower dequantization)")
         return None
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True,
@@ -144,7 +143,7 @@ def gemv_supported() -> bool:
     ok = bool(lib is not None and lib.edge_int4_gemv_supported() and lib.edge_int4_openmp())
     if lib is not None and not ok:
         logger.warning("cpu_int4: the native int4 product needs AVX512-BF16, VBMI and an OpenMP build; "
-                       "small batches run on tinygemm (correct, ~2.5x slower decode)")
+                       "small batches run on tinygemm (correct, slower decode)")
     return ok
 
 

@@ -19,9 +19,9 @@ from vllm_edge.quant import native, pack
 OP_NAME = "edge_cpu_int4_linear"
 EMBED_OP_NAME = "edge_cpu_int4_embedding"
 # Rows above which dequantize-then-GEMM beats tinygemm. With the native dequantizer
-# (native.py) the measured crossover is 32-64 rows at SmolLM2 and 1B shapes
-# (docs/cpu-4bit.md); with the torch-op fallback it was ~240, so a build without a C
-# compiler loses some prefill speed.
+# (native.py) the crossover sits between 32 and 64 rows at SmolLM2 and 1B shapes
+# (benchmarks/results/cpu_int4_microbench_prefill.json; docs/design/cpu-int4.md); with the
+# torch-op fallback it is far higher, so a build without a C compiler loses some prefill speed.
 DEFAULT_DEQUANT_THRESHOLD = 48
 NEVER = 1 << 62  # a threshold that keeps every batch on the packed-weight product
 # dequant_threshold "auto" (the quantizer's default), passed to the op as AUTO and

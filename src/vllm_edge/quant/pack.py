@@ -39,8 +39,9 @@ import math
 
 import torch
 
+from vllm_edge.quant.groups import KERNEL_GROUPS  # noqa: F401  (re-exported)
+
 BLOCK_N = 64
-KERNEL_GROUPS = (32, 64, 128, 256)
 DEFAULT_CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
 
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from vllm_edge.common.errors import EdgeError
+
 # PIL format names; what the Idefics3/SmolVLM processor (and vLLM's loader) read without
 # extra codecs. TIFF, ICO, PSD... are refused with a clear message.
 SUPPORTED_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
@@ -34,7 +36,7 @@ _DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^,;]*)*
                        re.IGNORECASE)
 
 
-class ImageInputError(ValueError):
+class ImageInputError(EdgeError, ValueError):
     """A bad image input. ``status`` is the HTTP status a server should answer with:
     400 (corrupt, truncated, malformed, too many), 413 (too large), 415 (format)."""
 

@@ -1,13 +1,13 @@
 """Which weights run on this CPU: vLLM's W4A8 GPTQ path, our ``cpu_int4`` (W4A16), or bf16.
 
 :func:`select_weight_path` is pure: a hardware profile in, a path and its reasons out
-(design.md §3 gives the facts). :func:`for_run` applies what ``vllm-edge run`` can
+(docs/design/cpu-int4.md gives the facts). :func:`for_run` applies what ``vllm-edge run`` can
 actually build today on top of it, and says so whenever it departs from the choice.
 
 Why ``fidelity`` picks ``cpu_int4`` and not bf16: W4A16 and W4A8 share 4-bit weights;
 W4A8 also rounds every activation row to int8, W4A16 keeps them in bf16, so W4A16 is the
 higher-fidelity 4-bit path. bf16 costs ~3.5x the weight bytes and is what the quality
-checks compare against; it is one flag away (``--dtype bf16``), never an automatic choice.
+checks compare against; it is one flag away (``--quant none``), never an automatic choice.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any
 
 PATHS = ("gptq_w4a8", "cpu_int4", "bf16")
 PRIORITIES = ("speed", "fidelity")
-# the quantized checkpoint each path runs (scheme, group); cpu_int4 g32: docs/cpu-4bit.md, "Group size"
+# the quantized checkpoint each path runs (scheme, group); cpu_int4 g32: docs/design/cpu-int4.md,
+# "Group size and the tied head"
 CHECKPOINT = {"gptq_w4a8": ("gptq", 64), "cpu_int4": ("cpu_int4", 32), "bf16": (None, None)}
 _ARM = ("aarch64", "arm64")
 _X86 = ("x86_64", "amd64", "i686", "i386")
@@ -71,7 +72,7 @@ def select_weight_path(profile: Any, priority: str = "speed") -> WeightPath:
         path = WeightPath("cpu_int4", reasons, verified=False)
     elif priority == "fidelity":
         reasons.append("priority fidelity: W4A16 keeps activations in bf16, W4A8 also rounds "
-                       "them to int8; bf16 weights are opt-in with --dtype bf16")
+                       "them to int8; bf16 weights are opt-in with --quant none")
         path = WeightPath("cpu_int4", reasons)
     elif amx:
         reasons.append("x86 with AMX (amx_tile, amx_int8) and priority speed: vLLM's W4A8 kernel "
@@ -86,8 +87,14 @@ def select_weight_path(profile: Any, priority: str = "speed") -> WeightPath:
             reasons.append("x86 without AMX: vLLM's W4A8 kernel is AMX-only; without it vLLM runs GPTQ "
                            "as W4A16 too (cpu_gemm_wna16 'vec'), and cpu_int4 is our W4A16 path")
         if isa.get("avx512"):
-            reasons.append("AVX-512: tinygemm measured here at 3.7x bf16 on a 1-row 4096x4096 GEMM, "
-                           "1 thread (benchmarks/results/cpu_int4_microbench.json)")
+            # The reason states the kernel, not a figure: figures live in the artifacts.
+            if isa.get("avx512_bf16"):
+                reasons.append("AVX-512 with BF16: cpu_int4 runs its native product straight from the "
+                               "packed 4-bit weights (quant/csrc/int4_gemv.c; timings in "
+                               "benchmarks/results/cpu_int4_microbench_product_g*.json)")
+            else:
+                reasons.append("AVX-512 without BF16: cpu_int4 runs torch's tinygemm, measured faster "
+                               "than bf16 at one row (benchmarks/results/cpu_int4_microbench.json)")
             path = WeightPath("cpu_int4", reasons)
         else:
             reasons.append("no AVX-512: tinygemm's AVX2 path has not been measured")
@@ -103,15 +110,15 @@ def gptq_export_status() -> tuple[bool, str]:
     from vllm_edge.quant.quantize import SCHEMES
 
     if "gptq" not in SCHEMES:
-        return False, "the GPTQ exporter (`vllm-edge quantize --scheme gptq`) is not implemented yet"
+        return False, "the GPTQ exporter (`vllm-edge quantize --quant gptq`) is not implemented yet"
     return True, ""
 
 
 def for_run(profile: Any, priority: str = "speed", dtype: str = "auto") -> WeightPath:
-    """The path ``run`` takes: the selection, ``--dtype bf16``, and any fallback, with reasons."""
+    """The path ``run`` takes: the selection, ``--quant none`` (``dtype='bf16'``), and any fallback, with reasons."""
     chosen = select_weight_path(profile, priority)
     if dtype == "bf16":
-        return WeightPath("bf16", ["--dtype bf16: unquantized weights, as requested "
+        return WeightPath("bf16", ["--quant none: unquantized weights, as requested "
                                    f"(the probe would choose {chosen.name})"])
     if dtype != "auto":
         raise ValueError(f"dtype {dtype!r}: expected 'auto' or 'bf16'")
@@ -133,7 +140,7 @@ def for_checkpoint(path: Any) -> WeightPath:
     name = "bf16" if method is None else str(method)
     group = (cfg.get("quantization_config") or {}).get("group_size")
     return WeightPath(name, [f"a model directory runs as stored (quantization_config: "
-                             f"{method or 'none'}); --dtype and the probe do not requantize it"],
+                             f"{method or 'none'}); --quant and the probe do not requantize it"],
                       scheme=method, group=group)
 
 

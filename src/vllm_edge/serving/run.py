@@ -46,13 +46,13 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
     if loaded and model == "default":
         model = vlm.KEY
         print(f"[vllm-edge] --image: using the embedded vision-language model {vlm.KEY} "
-              "(docs/multimodal.md)", file=sys.stderr)
+              "(docs/guide/multimodal.md)", file=sys.stderr)
     if loaded and vlm.parse_key(model) is None and not Path(model).is_dir():
         img_mod.check_count(len(loaded), limits, model=model, accepts_images=False)
     path, wpath = weight_path.model_for_engine(model, priority, dtype)
     img_mod.check_count(len(loaded), limits, model=str(path),
                         accepts_images=img_mod.model_accepts_images(path))
-    # always on stderr, even with --json: a fallback is never silent
+    # always on stderr, even with -o json: a fallback is never silent
     for line in wpath.explain():
         print(f"[vllm-edge] {line}", file=sys.stderr)
     with TreeSampler() as sampler:

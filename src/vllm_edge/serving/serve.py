@@ -19,12 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_edge.common.errors import EdgeError
+
 DATA = Path(__file__).resolve().parents[1] / "data"
 # The embedded model's own template has no tools; this one renders them for `hermes`.
 TOOL_TEMPLATES = {"smollm2-135m": DATA / "smollm2_tools.jinja"}
 # A chat template that writes calls between these markers is parsed by vLLM's `hermes`.
 HERMES_MARKER = "<tool_call>"
-# Checks every image of a chat request before vLLM sees it (docs/multimodal.md).
+# Checks every image of a chat request before vLLM sees it (docs/guide/multimodal.md).
 IMAGE_GATE = "vllm_edge.serving.image_gate.ImageGate"
 # vLLM's default ("auto") pins argument schemas only for tools marked strict.
 TOOL_STRICT_LEVEL = "parameter"
@@ -34,7 +36,7 @@ TOOL_STRICT_WHY = ("once the model opens a call, its arguments are held to the t
                    "came back. tool_choice=auto may still answer in prose")
 
 
-class ServeError(Exception):
+class ServeError(EdgeError):
     """A problem the user can fix (busy port, bad flag); printed without a traceback."""
 
 
@@ -107,7 +109,7 @@ def choose_tools(key: str | None, model_path: Path, parser: str | None,
         return "hermes", template, (f"hermes: the chat template writes calls as {HERMES_MARKER}"
                                     "{json}</tool_call>, the format vLLM's hermes parser reads")
     return None, template, ("off: no parser known for this model's chat template; pass "
-                            "--tool-call-parser NAME (see docs/serve.md)")
+                            "--tool-call-parser NAME (see docs/guide/serve.md)")
 
 
 def _own_template(model_path: Path) -> str | None:
@@ -218,11 +220,7 @@ def run_vllm(p: ServePlan, sock: socket.socket) -> None:
 
 def main(model: str, **options: Any) -> int:
     host, port = options["host"], options["port"]
-    try:
-        sock = bind(host, port)
-    except ServeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    sock = bind(host, port)  # ServeError on a busy port, before any engine work
     p = plan(model, **options)
     for line in p.lines:
         print(f"[vllm-edge] {line}", file=sys.stderr, flush=True)

@@ -17,15 +17,15 @@ from typing import Any, Callable, Sequence
 import torch
 
 from vllm_edge.bench import prompts as P
+from vllm_edge.bench.fidelity import defaults
 from vllm_edge.bench.fidelity import metrics as fm
 from vllm_edge.common import atomic, manifest
 
 REF_FORMAT = 1
 REF_KIND = "fidelity-ref"  # its manifest's converter name: a re-save may replace it
-DEFAULT_K = 20        # reference ids saved per position
-DEFAULT_KL_K = 10     # ids the KL uses; the rest of the saved 20 raises candidate coverage
-DEFAULT_CHUNK = 512
-DEFAULT_GREEDY_TOKENS = 64
+# torch-free in defaults.py (`vllm-edge fidelity --help` reads them); kept here for callers
+DEFAULT_K, DEFAULT_KL_K = defaults.DEFAULT_K, defaults.DEFAULT_KL_K
+DEFAULT_CHUNK, DEFAULT_GREEDY_TOKENS = defaults.DEFAULT_CHUNK, defaults.DEFAULT_GREEDY_TOKENS
 
 
 def _vllm_params(**kw: Any) -> Any:

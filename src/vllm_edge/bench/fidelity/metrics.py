@@ -1,4 +1,4 @@
-"""Fidelity of a candidate build against its own reference build (design.md §5).
+"""Fidelity of a candidate build against its own reference build (docs/design/fidelity.md).
 
 Pure functions over token ids and log-probabilities; no engine here.
 

@@ -7,16 +7,13 @@ is off, since a cached prefix returns no prompt log-probs, and
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from vllm_edge.bench.fidelity import engine as fidelity
+from vllm_edge.bench.fidelity.defaults import DEFAULT_CORPUS_CHUNKS
 from vllm_edge.quant.groups import DEFAULT_GROUP
 
-DEFAULT_CORPUS_CHUNKS = 8  # 8 x 255 scored positions: about a minute of prefill on 2 cores
 LEN_ROUND = 256
 
 # Metrics on the last stdout line, for grid arms.
@@ -111,54 +108,3 @@ def run(model: str, save_ref: str | None = None, ref: str | None = None, out: st
                   "reference_model": reference["meta"].get("model"), **scored,
                   "chunks": len(chunks), "engine": edge.describe(), "provenance": prov}
     return atomic.write_result(out, result)
-
-
-def _cmd_fidelity(args: argparse.Namespace) -> int:
-    from vllm_edge.models.store import ModelNotAvailable
-
-    try:
-        result = run(args.model, save_ref=args.save_ref, ref=args.ref, out=args.out,
-                     corpus_chunks=args.corpus_chunks, chunk_len=args.chunk_len,
-                     greedy_tokens=args.greedy_tokens, kl_k=args.kl_k, dtype=args.dtype,
-                     enforce_eager=args.enforce_eager, quant=args.quant, group=args.group)
-    except (ValueError, FileNotFoundError, ModelNotAvailable) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if result["benchmark"] == "fidelity-reference":
-        print(f"[fidelity] saved reference {result['reference']}: {result['prompts']} prompts, "
-              f"{result['chunks']} corpus chunks, top-{result['k']}", file=sys.stderr)
-        print(json.dumps({"benchmark": "fidelity-reference", "reference": result["reference"]}))
-        return 0
-    print(format_metrics(result), file=sys.stderr)
-    if args.out:
-        print(f"[fidelity] wrote {args.out}", file=sys.stderr)
-    print(json.dumps(metric_line(result)), flush=True)
-    return 0
-
-
-def add_fidelity_commands(sub: "argparse._SubParsersAction") -> None:
-    from vllm_edge.quant.groups import GROUPS
-
-    f = sub.add_parser(
-        "fidelity", help="greedy divergence and teacher-forced KL against a saved bf16 reference",
-        description="First save a reference from the bf16 build (--save-ref DIR), then score "
-                    "another build of the same model against it (--ref DIR).")
-    mode = f.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--save-ref", metavar="DIR", help="collect this build's outputs as the reference")
-    mode.add_argument("--ref", metavar="DIR", help="score this build against the reference in DIR")
-    f.add_argument("--model", default="default", help="'default', an embedded key, or a model directory")
-    f.add_argument("--out", default=None, help="write the result JSON with provenance here")
-    f.add_argument("--corpus-chunks", type=int, default=DEFAULT_CORPUS_CHUNKS,
-                   help="pydoc corpus chunks for the teacher-forced part (default %(default)s; "
-                        "with --ref the reference decides)")
-    f.add_argument("--chunk-len", type=int, default=fidelity.DEFAULT_CHUNK, help="tokens per chunk")
-    f.add_argument("--greedy-tokens", type=int, default=fidelity.DEFAULT_GREEDY_TOKENS,
-                   help="greedy tokens per prompt (with --ref the reference decides)")
-    f.add_argument("--kl-k", type=int, default=fidelity.DEFAULT_KL_K,
-                   help="reference top-k ids the KL covers, plus a tail bucket (default %(default)s)")
-    f.add_argument("--dtype", default="bfloat16")
-    f.add_argument("--quant", choices=("cpu_int4", "gptq"), default=None,
-                   help="score the embedded model's quantized build (made once and cached, as `run` does)")
-    f.add_argument("--group", type=int, choices=GROUPS, default=DEFAULT_GROUP, help="group size for --quant")
-    f.add_argument("--enforce-eager", action="store_true", help="skip torch.compile")
-    f.set_defaults(func=_cmd_fidelity)

@@ -19,7 +19,7 @@ shared between arms (so one arm's compile artifacts cannot serve another). An
 arm that sets ``VLLM_CACHE_ROOT`` in its ``env`` keeps it: that is how a test of
 cache reuse opts out.
 
-Exit codes of :func:`main_from_args`: 0 done, 1 regression (``--check``),
+Exit codes of `vllm-edge grid` (:mod:`vllm_edge.cli.grid`): 0 done, 1 regression (``--check``),
 2 bad spec, 3 host busy, 4 host lock held, 5 an arm never succeeded.
 """
 
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vllm_edge.common import atomic, stats
+from vllm_edge.common.errors import EdgeError
 from vllm_edge.common.hw import sample_cpu_busy
 from vllm_edge.common.jsonline import last_json_line
 from vllm_edge.models import store
@@ -52,7 +53,7 @@ DEFAULT_MIN_BAND_PCT = 5.0
 Sampler = Callable[[list[int], float], dict[int, float]]
 
 
-class SpecError(ValueError):
+class SpecError(EdgeError, ValueError):
     pass
 
 
@@ -69,7 +70,9 @@ def contention(cores: list[int], threshold_pct: float, sampler: Sampler = sample
 
 # --- host lock ---------------------------------------------------------------
 
-class LockHeld(RuntimeError):
+class LockHeld(EdgeError, RuntimeError):
+    exit_code = EXIT_LOCKED
+
     def __init__(self, path: Path, holder: str):
         self.path, self.holder = path, holder
         super().__init__(f"host benchmark lock {path} is held by {holder}; "
@@ -424,7 +427,9 @@ def run_grid(spec: dict | str | os.PathLike, passes: int, out_dir: str | os.Path
             lock.__exit__(None, None, None)
 
 
-class HostBusy(RuntimeError):
+class HostBusy(EdgeError, RuntimeError):
+    exit_code = EXIT_BUSY
+
     def __init__(self, sample: dict):
         self.sample = sample
         super().__init__(
@@ -478,54 +483,3 @@ def format_check(result: dict) -> str:
         lines.append(f"  {r['arm']:<20} {r['metric']:<28} median={_fmt(r['median'])} "
                      f"expected={_fmt(r['expected_median'])}{b}: {r['status']}")
     return "\n".join(lines)
-
-
-def main_from_args(args: Any) -> int:
-    def err(msg: str) -> None:
-        print(f"error: {msg}", file=sys.stderr)
-
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as exc:
-        err(str(exc))
-        return EXIT_SPEC
-    out_dir = Path(args.out) if args.out else Path("benchmarks/results/grid") / slugify(spec["name"])
-    cores = [int(c) for c in args.cores.split(",")] if args.cores else None
-    try:
-        summary = run_grid(spec, args.passes, out_dir, work_dir=args.work_dir,
-                           allow_busy=args.allow_busy, busy_threshold_pct=args.busy_threshold,
-                           noisy_pct=args.noisy_pct, lock_path=args.lock_file,
-                           wait_lock=args.wait_lock, cores=cores,
-                           warmup=getattr(args, "warmup", False))
-    except SpecError as exc:
-        err(str(exc))
-        return EXIT_SPEC
-    except HostBusy as exc:
-        err(str(exc))
-        return EXIT_BUSY
-    except LockHeld as exc:
-        err(str(exc))
-        return EXIT_LOCKED
-    print(format_summary(summary))
-    print(f"wrote {out_dir / 'summary.json'} and {out_dir / 'results.jsonl'}")
-    if args.write_expectations:
-        atomic.write_json(args.write_expectations, expectations_from_summary(summary))
-        print(f"wrote expectations {args.write_expectations}")
-    code = EXIT_OK
-    if args.check:
-        try:
-            exp = json.loads(Path(args.check).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            err(f"cannot read expectations {args.check}: {exc}")
-            return EXIT_SPEC
-        result = check(summary, exp, min_band_pct=args.min_band_pct)
-        summary["check"] = result
-        atomic.write_json(out_dir / "summary.json", summary)
-        print(format_check(result))
-        if result["regressed"]:
-            code = EXIT_REGRESSION
-    never = [a for a, c in summary["runs"].items() if c["ok"] == 0]
-    if never and code == EXIT_OK:
-        err(f"arm(s) with no successful run: {', '.join(never)}")
-        code = EXIT_ARM_FAILED
-    return code

@@ -2,7 +2,7 @@
 
 Run it as its own process so its tree RssAnon is llama.cpp's alone::
 
-    python -m vllm_edge.bench.llamacpp.arm --gguf model.Q4_K_M.gguf --threads 2
+    vllm-edge bench llamacpp --gguf model.Q4_K_M.gguf --threads 2
 
 Same definitions as :mod:`speed` (it goes through :func:`speed.measure`):
 pp = prompt tokens / time with 1 generated token; tg = (N-1) / (t_N - t_1).
@@ -24,8 +24,6 @@ reads the weights into anonymous memory, as vLLM holds them.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -34,8 +32,6 @@ from pathlib import Path
 from typing import Callable
 
 from vllm_edge.bench import speed
-from vllm_edge.common.pinning import core_set, parse_int_list, pin
-from vllm_edge.common.errors import UsageError
 
 
 def rss_file_mb(pid: int | None = None) -> float:
@@ -151,55 +147,3 @@ def metric_line(result: dict) -> dict:
     if "out" in line:  # keep "out" last, as bench speed does
         line["out"] = line.pop("out")
     return line
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m vllm_edge.bench.llamacpp.arm",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--gguf", required=True, help="GGUF file to run")
-    p.add_argument("--prompt-len", type=int, default=512)
-    p.add_argument("--tg-tokens", type=int, default=128)
-    p.add_argument("--context-len", default=None, metavar="N[,N...]", help="also tg at depth N")
-    p.add_argument("--batch", default=None, metavar="B[,B...]",
-                   help="also b{B}_tg_tps: B distinct prompts decoded together")
-    p.add_argument("--threads", type=int, default=None, help="first N cores of the core set")
-    p.add_argument("--cpus", default=None, metavar="0,1")
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--no-warmup", action="store_true")
-    p.add_argument("--no-mmap", action="store_true", help="read weights into anonymous memory")
-    p.add_argument("--out", default=None, help="write the full result JSON with provenance here")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        cfg = speed.SpeedConfig(
-            model=args.gguf, prompt_len=args.prompt_len, tg_tokens=args.tg_tokens,
-            context_lens=parse_int_list(args.context_len, "--context-len"),
-            batches=parse_int_list(args.batch, "--batch"), reps=args.reps,
-            threads=args.threads, cpus=parse_int_list(args.cpus, "--cpus") or None,
-            dtype="gguf", warmup=not args.no_warmup)
-        cores = core_set(cfg.cpus, cfg.threads, sorted(os.sched_getaffinity(0)))
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    from vllm_edge.bench.llamacpp import runner as llamacpp_runner
-
-    if not llamacpp_runner.available():
-        print(f"error: {llamacpp_runner.SKIP_REASON}", file=sys.stderr)
-        return 2
-    pinning = pin(cores)
-    print(f"[llama.cpp] pinned to cores {cores}, {len(cores)} threads", file=sys.stderr)
-    try:
-        result = run(args.gguf, cfg, pinning=pinning, use_mmap=not args.no_mmap, out=args.out)
-    except (UsageError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(speed.format_table(result), file=sys.stderr)
-    print(json.dumps(metric_line(result)), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

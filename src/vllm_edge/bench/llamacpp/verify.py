@@ -5,7 +5,7 @@ safetensors directory. Both read the same token ids (from the imported
 tokenizer), so a difference is a difference in the weights or the model code,
 not in tokenization; tokenizer agreement is reported separately.
 
-Criteria (issue 6):
+Criteria:
 * an unquantized source must give identical greedy tokens (first 32) on the
   12 fidelity prompts;
 * a quantized source is compared teacher-forced: top-1 agreement >= 99% over

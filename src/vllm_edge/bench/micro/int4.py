@@ -5,7 +5,7 @@ its routes alone (``native_product``, ``tinygemm``, ``dequant_gemm``), ``bf16`` 
 unpacked ``F.linear``) and ``bf16_onednn`` (vLLM's prepacked oneDNN linear, what its bf16
 CPU path runs).
 
-``python -m vllm_edge.bench.micro.int4`` writes benchmarks/results/cpu_int4_microbench.json.
+``vllm-edge bench int4-micro`` writes benchmarks/results/cpu_int4_microbench.json.
 Arms alternate inside every pass so load swings hit both; medians and ratios are reported,
 of wall time and of process CPU time (less hurt by descheduling on a shared host).
 ``--profile`` adds a torch.profiler breakdown of the multi-row route at the largest row
@@ -14,7 +14,6 @@ count: the native dequantization (``edge_int4_dequant``) against the GEMM and th
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
 import torch
@@ -29,7 +28,7 @@ SHAPES = {"gate_up 1536x576": (1536, 576), "down 576x1536": (576, 1536),
           "1b qkv 3072x2048": (3072, 2048), "1b gate_up 11264x2048": (11264, 2048),
           "1b down 2048x5632": (2048, 5632)}
 # The VLM's SigLIP-shaped vision tower (models/vlm.py): a 512-pixel tile is 1024 patch
-# rows, so image prefill runs these linears at 1024 rows (docs/multimodal.md).
+# rows, so image prefill runs these linears at 1024 rows (docs/guide/multimodal.md).
 VISION_SHAPES = {"vision qkv/out 768x768": (768, 768), "vision fc1 3072x768": (3072, 768),
                  "vision fc2 768x3072": (768, 3072)}
 SETS = {"lm": (SHAPES, (1, 4, 8, 64, 512)), "vision": (VISION_SHAPES, (1024,))}
@@ -136,35 +135,21 @@ def run(rows=(1, 4, 8, 64, 512), passes: int = 7, group: int = 128, threads: int
             "results": results}
 
 
-def main() -> None:
+def default_out(set_name: str) -> str:
+    return ("benchmarks/results/cpu_int4_microbench.json" if set_name == "lm"
+            else "benchmarks/results/cpu_int4_microbench_vision.json")
+
+
+def main(set_name: str = "lm", rows: tuple[int, ...] | None = None, passes: int = 7,
+         group: int = DEFAULT_GROUP, threads: int = 2, shapes: list[str] | None = None,
+         profile: bool = False, out: str | None = None) -> dict:
+    """Run one set and write its result (with provenance) to ``out`` or the set's default."""
     from vllm_edge.common import atomic, provenance
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--passes", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--set", choices=sorted(SETS), default="lm",
-                    help="lm: SmolLM2, 4096 and 1B shapes at 1-512 rows; vision: the VLM's vision "
-                         "tower at 1024 rows (one image tile)")
-    ap.add_argument("--rows", default=None, help="activation rows, comma-separated (default: the set's)")
-    ap.add_argument("--group", type=int, choices=pack.KERNEL_GROUPS, default=DEFAULT_GROUP)
-    ap.add_argument("--shapes", default=None, help="substrings of shape labels to run (default: all)")
-    ap.add_argument("--profile", action="store_true",
-                    help="torch.profiler breakdown of the multi-row route at the largest row count")
-    ap.add_argument("--out", default=None,
-                    help="default: benchmarks/results/cpu_int4_microbench.json (lm) or "
-                         "cpu_int4_microbench_vision.json")
-    a = ap.parse_args()
-    table, rows = SETS[a.set]
-    if a.rows:
-        rows = tuple(int(r) for r in a.rows.split(","))
-    out = a.out or ("benchmarks/results/cpu_int4_microbench.json" if a.set == "lm"
-                    else "benchmarks/results/cpu_int4_microbench_vision.json")
-    res = run(rows=rows, passes=a.passes, group=a.group, threads=a.threads,
-              shapes=a.shapes.split(",") if a.shapes else None, profile=a.profile, table=table)
-    res["set"] = a.set
-    res["provenance"] = provenance.collect(threads=a.threads, extra={"torch": torch.__version__})
-    atomic.write_json(out, res)
-
-
-if __name__ == "__main__":
-    main()
+    table, set_rows = SETS[set_name]
+    res = run(rows=rows or set_rows, passes=passes, group=group, threads=threads, shapes=shapes,
+              profile=profile, table=table)
+    res["set"] = set_name
+    res["provenance"] = provenance.collect(threads=threads, extra={"torch": torch.__version__})
+    atomic.write_json(out or default_out(set_name), res)
+    return res

@@ -121,13 +121,3 @@ def main(model: str, passes: int, threads: int | None, out: str | None) -> int:
         atomic.write_json(out, result)
         print(f"wrote {out}")
     return 0
-
-
-def add_command(bench_sub) -> None:
-    b = bench_sub.add_parser("rmsnorm", help="rms_norm and fused_add_rms_norm: edge_cpu provider vs native",
-                             description=__doc__.split("\n\n")[0])
-    b.add_argument("--model", default="default", help="model whose hidden size and epsilon to use")
-    b.add_argument("--passes", type=int, default=15, help="rotated passes over the arms (default 15)")
-    b.add_argument("--threads", type=int, default=None, help="torch threads (default: allowed cores)")
-    b.add_argument("--out", default="benchmarks/results/rmsnorm_micro.json")
-    b.set_defaults(func=lambda a: main(a.model, a.passes, a.threads, a.out))

@@ -15,7 +15,7 @@
  * offset is exact in bf16 and costs ~7 bits of the fp32 accumulator, far below the bf16
  * output rounding.
  *
- * Measured variants (docs/cpu-4bit.md): the masked permutes, the embedded broadcast and
+ * Variants timed while writing it (docs/design/cpu-int4.md): the masked permutes, the embedded broadcast and
  * the two-FMA group epilogue each shaved time; 6 rows per pass instead of 4, or unpacking
  * each group once into an L1 tile for all row chunks, did not.
  *

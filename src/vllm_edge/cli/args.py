@@ -1,0 +1,91 @@
+"""Flags shared by several commands, defined once, and the registry helper every command
+group uses. Torch-free: `--help` must not import torch or vLLM."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+from typing import Iterator
+
+from vllm_edge.common.errors import EdgeError
+from vllm_edge.quant.groups import DEFAULT_GROUP, GROUPS
+
+MODEL_HELP = "'default', an embedded key, or a model directory"
+QUANT_SCHEMES = ("cpu_int4", "gptq")
+
+
+def add_model(p: argparse.ArgumentParser, default: str | None = "default", help: str = MODEL_HELP,
+              **kw) -> None:
+    p.add_argument("--model", default=default, help=help, **kw)
+
+
+def add_threads(p: argparse.ArgumentParser, default: int | None = None,
+                help: str = "use the first N cores of the core set (vLLM binds one thread per core)") -> None:
+    p.add_argument("--threads", type=int, default=default, help=help)
+
+
+def add_cpus(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cpus", default=None, metavar="0,1", help="core set (default: our affinity)")
+
+
+def add_out(p: argparse.ArgumentParser, default: str | None = None,
+            help: str = "write the full result JSON with provenance here") -> None:
+    p.add_argument("--out", default=default, help=help)
+
+
+def add_output(p: argparse.ArgumentParser, choices: tuple[str, ...] = ("md", "json"),
+               default: str = "md") -> None:
+    p.add_argument("-o", "--output", choices=choices, default=default,
+                   help="md: human-readable text (default); json: one JSON object")
+
+
+def add_quant(p: argparse.ArgumentParser, choices: tuple[str, ...] = QUANT_SCHEMES,
+              default: str | None = None, help: str | None = None) -> None:
+    p.add_argument("--quant", choices=choices, default=default, help=help)
+
+
+def add_weight_quant(p: argparse.ArgumentParser) -> None:
+    """`run` and `serve`: the weight path, chosen for this CPU or unquantized."""
+    p.add_argument("--quant", choices=("auto", "none"), default="auto",
+                   help="auto: the weight path chosen for this CPU (4-bit); none: unquantized bf16")
+
+
+def add_group(p: argparse.ArgumentParser, help: str = "input columns per scale (docs/cpu-4bit.md)") -> None:
+    p.add_argument("--group", type=int, choices=GROUPS, default=DEFAULT_GROUP, help=help)
+
+
+def add_torch_dtype(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", default="bfloat16", help="torch dtype of the engine (default %(default)s)")
+
+
+def weight_dtype(quant: str) -> str:
+    """`--quant auto|none` as the weight-path dtype (`auto` or `bf16`)."""
+    return "bf16" if quant == "none" else quant
+
+
+def add_commands(parser: argparse.ArgumentParser, dest: str, modules: dict[str, str],
+                 only: str | None = None) -> None:
+    """One subparser per command module (NAME, HELP, add_args, run; DESCRIPTION optional).
+    With ``only``, just that command's module is imported."""
+    sub = parser.add_subparsers(dest=dest, required=True)
+    for name, module in modules.items():
+        if only is not None and name != only:
+            continue
+        mod = importlib.import_module(module)
+        p = sub.add_parser(mod.NAME, help=mod.HELP, description=getattr(mod, "DESCRIPTION", None))
+        mod.add_args(p)
+        if not getattr(mod, "GROUP", False):
+            p.set_defaults(func=mod.run)
+
+
+@contextlib.contextmanager
+def reported(*types: type[BaseException]) -> Iterator[None]:
+    """Builtin errors (ValueError, FileNotFoundError, ...) that a library function raises for
+    a person's input, reported as EdgeError (``error: <message>``, exit 2)."""
+    try:
+        yield
+    except EdgeError:
+        raise
+    except types as exc:
+        raise EdgeError(str(exc)) from exc

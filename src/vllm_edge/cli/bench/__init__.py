@@ -1,0 +1,25 @@
+"""`vllm-edge bench ...`: benchmarks (results go to benchmarks/results/)."""
+
+from __future__ import annotations
+
+import argparse
+
+from vllm_edge.cli.args import add_commands
+
+NAME = "bench"
+HELP = "benchmarks (results go to benchmarks/results/)"
+GROUP = True
+SUBCOMMANDS = {name: f"vllm_edge.cli.bench.{module}" for name, module in (
+    ("aot-cache", "aot_cache"), ("init-memory", "init_memory"), ("ledger", "ledger"),
+    ("soak", "soak"), ("plugin-import", "plugin_import"), ("rmsnorm", "rmsnorm"),
+    ("speed", "speed"), ("profile", "profile"), ("llamacpp", "llamacpp"),
+    ("llamacpp-fidelity", "llamacpp_fidelity"), ("int4-micro", "int4_micro"),
+)}
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    add_commands(p, "bench_command", SUBCOMMANDS)
+
+
+def run(args: argparse.Namespace) -> int:
+    return args.func(args)

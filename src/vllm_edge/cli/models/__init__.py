@@ -1,0 +1,23 @@
+"""`vllm-edge models ...`: prepare, import, export, build and list checkpoints."""
+
+from __future__ import annotations
+
+import argparse
+
+from vllm_edge.cli.args import add_commands
+
+NAME = "models"
+HELP = "prepare and import models"
+GROUP = True
+SUBCOMMANDS = {name: f"vllm_edge.cli.models.{module}" for name, module in (
+    ("prepare", "prepare"), ("import-gguf", "import_gguf"), ("export-gguf", "export_gguf"),
+    ("synthetic", "synthetic"), ("build-vlm", "build_vlm"), ("list", "list_models"),
+)}
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    add_commands(p, "models_command", SUBCOMMANDS)
+
+
+def run(args: argparse.Namespace) -> int:
+    return args.func(args)

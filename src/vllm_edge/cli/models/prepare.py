@@ -1,0 +1,28 @@
+"""`vllm-edge models prepare`: convert an embedded model (cached, idempotent)."""
+
+from __future__ import annotations
+
+import argparse
+
+from vllm_edge.cli.args import add_group, add_quant
+
+NAME = "prepare"
+HELP = "convert an embedded model (cached, idempotent)"
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", nargs="?", default="default", help="embedded model key, or 'default'")
+    p.add_argument("--force", action="store_true", help="convert again even if cached")
+    add_quant(p, help="also quantize it (cached beside the bf16 directory)")
+    add_group(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vllm_edge.models import store
+
+    if args.quant:
+        path = store.prepare_quantized(args.name, args.quant, args.group, force=args.force)
+    else:
+        path = store.prepare(args.name, force=args.force)
+    print(path)
+    return 0

@@ -1,0 +1,32 @@
+"""`vllm-edge report`: regenerate docs/results.md and its plots from benchmarks/results/."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from vllm_edge.bench import report as results_report
+from vllm_edge.cli.args import reported
+
+NAME = "report"
+HELP = "regenerate docs/results.md and its plots from benchmarks/results/"
+DESCRIPTION = ("Reads every *.json and *.jsonl in --results and rewrites the part "
+               f"of --doc between {results_report.BEGIN} and {results_report.END}.")
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", default=results_report.DEFAULT_RESULTS,
+                   help="artifact directory (default %(default)s)")
+    p.add_argument("--doc", default=results_report.DEFAULT_DOC,
+                   help="markdown file to update (default %(default)s)")
+    p.add_argument("--plots-dir", default=None, help="where PNGs go (default: the results directory)")
+
+
+def run(args: argparse.Namespace) -> int:
+    with reported(RuntimeError, ValueError):
+        out = results_report.report(args.results, args.doc, args.plots_dir)
+    print(f"wrote {out['doc']} from {out['artifacts']} artifact record(s); plots: "
+          + (", ".join(out["plots"]) or "none"))
+    for s in out["skipped"]:
+        print(f"skipped {s}", file=sys.stderr)
+    return 0

@@ -1,0 +1,276 @@
+"""Docs cannot drift from the artifacts: every measured figure is rendered from its artifact.
+
+- README's "Measured so far" region, docs/results/results.md and docs/results/comparisons.md
+  are re-rendered from benchmarks/results/ and compared with the committed text; docs/results/
+  holds nothing written by hand.
+- Outside those, no doc quotes a measured figure (tok/s, MB, GB/s, ms, µs, an ×/x ratio): it
+  names the artifact or the generated page instead.
+- Every relative link in README.md and docs/ resolves, nothing points outside the repository,
+  and no text cites the numbers of old tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from vllm_edge.bench import claims, compare, report
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = "benchmarks/results"
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+
+
+def _diff(want: str, got: str) -> list[str]:
+    a, b = want.splitlines(), got.splitlines()
+    out = [f"committed: {x!r}\n   render: {y!r}" for x, y in zip(a, b) if x != y]
+    if len(a) != len(b):
+        out.append(f"line count {len(a)} committed vs {len(b)} rendered")
+    return out
+
+
+def readme_mismatches(readme_text: str, results_dir: Path, readme_path: Path = README) -> list[str]:
+    want = report.splice(readme_text, claims.render(results_dir, readme_path), claims.BEGIN, claims.END)
+    return _diff(readme_text, want)
+
+
+def _region(text: str) -> str:
+    return text[text.index(claims.BEGIN):text.index(claims.END)]
+
+
+@pytest.fixture
+def no_plots(monkeypatch):
+    # Re-rendering must not rewrite the committed PNGs.
+    for name in ("plot_speed", "plot_memory", "plot_fidelity"):
+        monkeypatch.setattr(report, name, lambda *a, **k: None)
+
+
+# --- README -------------------------------------------------------------------------
+
+def test_readme_measured_region_matches_the_artifacts():
+    bad = readme_mismatches(README.read_text(), REPO / RESULTS)
+    assert not bad, ("README's measured region differs from the artifacts; regenerate it with "
+                     "`vllm-edge report`:\n" + "\n".join(bad))
+
+
+def test_a_tampered_readme_figure_fails():
+    text = README.read_text()
+    region = _region(text)
+    m = re.search(r"\| (\d+) MB \|", region)
+    assert m, "the region quotes at least one MB figure"
+    tampered = text.replace(m.group(0), f"| {int(m.group(1)) + 8} MB |", 1)
+    bad = readme_mismatches(tampered, REPO / RESULTS)
+    assert bad and any(f"{int(m.group(1)) + 8} MB" in b for b in bad)
+
+
+def test_a_changed_artifact_fails(monkeypatch):
+    real = claims.load
+
+    def tampered(results_dir, artifact):
+        data = real(results_dir, artifact)
+        if artifact == "grid/vlm/summary.json":
+            data = json.loads(json.dumps(data))
+            data["metrics"]["peak_rss_anon_mb"]["arms"]["bf16"]["median"] += 8.0
+        return data
+
+    monkeypatch.setattr(claims, "load", tampered)
+    assert readme_mismatches(README.read_text(), REPO / RESULTS)
+
+
+def test_every_claim_names_a_build_and_links_its_artifact():
+    for c in claims.CLAIMS:
+        fig = claims.evaluate(c, REPO / RESULTS)
+        assert fig.build and "?" not in fig.build.split(" / "), c.label
+        assert (REPO / RESULTS / c.artifact.partition(":")[0]).is_file(), c.artifact
+    region = _region(README.read_text())
+    for c in claims.CLAIMS:
+        assert f"[{c.artifact}](benchmarks/results/{c.artifact.partition(':')[0]})" in region
+
+
+def test_noise_flags_travel_with_the_figure(tmp_path):
+    # A grid cell flagged NOISY shows NOISY beside its figure, and a busy grid says so.
+    grid = tmp_path / "g.json"
+    cell = {"median": 2.0, "flags": ["NOISY"], "n": 3}
+    grid.write_text(json.dumps({"arms": [{"name": "a", "cmd": ["x", "--model", "m", "--quant", "cpu_int4",
+                                                                 "--group", "32"]}],
+                                "busy_passes": [1], "metrics": {"t": {"arms": {"a": cell}}}}))
+    fig = claims.evaluate(claims.Claim("s", "l", "g.json", ("metrics", "t", "arms", "a"), "{:.1f}",
+                                       target=(">=", 2.5)), tmp_path)
+    assert fig.text == "2.0 (target ≥ 2.5: not met)"
+    assert "NOISY" in fig.flags and "busy passes [1]" in fig.flags
+    assert fig.build == "m cpu_int4 g32"
+
+
+# --- docs/results/ ------------------------------------------------------------------
+
+def test_results_md_is_generated_only(monkeypatch, no_plots):
+    monkeypatch.chdir(REPO)  # the report names artifacts relative to the repository, as the CLI does
+    doc = Path(report.DEFAULT_DOC)
+    arts, skipped = report.load_artifacts(RESULTS, RESULTS)
+    body, _ = report.render(arts, skipped, Path(RESULTS), doc, RESULTS)
+    want = report.splice(report.NEW_DOC, body)
+    bad = _diff(doc.read_text(), want)
+    assert not bad, "docs/results/results.md differs from `vllm-edge report`'s output:\n" + "\n".join(bad)
+
+
+def test_comparisons_md_is_generated_only(monkeypatch, no_plots):
+    monkeypatch.chdir(REPO)
+    doc = Path(compare.DEFAULT_DOC)
+    out = Path(RESULTS) / "compare"
+    body, _ = compare.render(out, doc, str(out))
+    want = report.splice(compare.NEW_DOC, body, compare.BEGIN, compare.END)
+    bad = _diff(doc.read_text(), want)
+    assert not bad, ("docs/results/comparisons.md differs from `vllm-edge compare --render-only`'s "
+                     "output:\n" + "\n".join(bad))
+
+
+def test_docs_results_holds_only_generated_files():
+    assert sorted(p.name for p in (DOCS / "results").iterdir()) == ["comparisons.md", "results.md"]
+
+
+# --- no hand-copied figures -----------------------------------------------------------
+
+# A measured figure: a rate, a size in MB, a bandwidth, a time in ms or µs, or a ratio like 2.01×
+# or 3.7x (a shape such as 4096×4096 is not one). MiB/GiB are left out: they are settings
+# (limits, budgets), not measurements.
+MEASURED = re.compile(
+    r"\d(?:[\d,.]*\d)?\s?(?:tok/s|tokens/s|MB\b|GB/s|ms\b|µs\b)"
+    r"|(?<![\w.])\d+(?:\.\d+)?\s?[×x](?![\w×]|\.\d|\s*\d)"
+)
+
+
+def measured_figures(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if MEASURED.search(line)]
+
+
+def _hand_written_docs() -> dict[str, str]:
+    docs = {str(p.relative_to(REPO)): p.read_text() for p in sorted(DOCS.rglob("*.md"))
+            if p.parent.name != "results"}
+    text = README.read_text()
+    docs["README.md (outside the measured region)"] = (text[:text.index(claims.BEGIN)]
+                                                       + text[text.index(claims.END):])
+    return docs
+
+
+def test_the_figure_check_can_fail():
+    for s in ("tg128 96.7 tok/s", "peak 1372 MB", "2.01× bf16", "tinygemm measured at 3.7x bf16",
+              "takes 458 µs", "13.0 GB/s", "11.8 ms a step", "0.71× Q4_K_M"):
+        assert measured_figures(s), s
+    for s in ("a 4096×4096 GEMM", "512x512 image", "20 MiB", "group 32", "x86_64", "`--group 64`",
+              "vocabulary 49152", "1024 rows", "49216 × 576", "4 × 512-token chunks"):
+        assert not measured_figures(s), s
+
+
+def test_no_hand_copied_figures_in_the_docs():
+    found = {name: hits for name, text in _hand_written_docs().items() if (hits := measured_figures(text))}
+    assert not found, ("measured figures copied by hand (name the artifact or docs/results/ instead):\n"
+                       + "\n".join(f"{n}: {h}" for n, hits in found.items() for h in hits))
+
+
+# --- links and pointers ---------------------------------------------------------------
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _all_docs() -> list[Path]:
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def test_every_relative_link_resolves():
+    broken = []
+    for doc in _all_docs():
+        for target in LINK.findall(doc.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            path = (doc.parent / target.split("#")[0]).resolve()
+            if not path.exists():
+                broken.append(f"{doc.relative_to(REPO)}: {target}")
+            elif REPO not in path.parents and path != REPO:
+                broken.append(f"{doc.relative_to(REPO)}: {target} points outside the repository")
+    assert not broken, "\n".join(broken)
+
+
+def test_every_code_path_named_in_the_docs_exists():
+    missing = []
+    for doc in _all_docs():
+        for path in set(re.findall(r"`((?:src|tests|benchmarks|docs|scripts)/[\w./{},*-]+)`", doc.read_text())):
+            if any(c in path for c in "{}*"):
+                continue
+            if not (REPO / path.rstrip("/")).exists():
+                missing.append(f"{doc.relative_to(REPO)}: {path}")
+    assert not missing, "\n".join(missing)
+
+
+def _repo_text_files() -> list[Path]:
+    files = [README, *DOCS.rglob("*.md")]
+    for top in ("src", "tests", "scripts"):
+        files += [p for p in (REPO / top).rglob("*") if p.is_file() and p.suffix in {".py", ".md", ".c", ".sh", ".json"}]
+    return files
+
+
+def test_nothing_points_outside_the_repository_or_at_past_work_items():
+    # Built from pieces so that this file does not match itself.
+    outside = re.compile("design" + r"\.md ?§|\.\./" + "shared|/work/" + "shared")
+    past = re.compile(r"issue[ -][0-9]|\(issue|session [0-9]|work " + "item", re.IGNORECASE)
+    bad = []
+    for p in _repo_text_files():
+        if p == Path(__file__).resolve():
+            continue
+        text = p.read_text(errors="replace")
+        for n, line in enumerate(text.splitlines(), 1):
+            if outside.search(line) or past.search(line):
+                bad.append(f"{p.relative_to(REPO)}:{n}: {line.strip()[:120]}")
+    assert not bad, "\n".join(bad)
+
+
+def _commands() -> set[str]:
+    import argparse
+
+    from vllm_edge.cli import build_parser
+
+    found: set[str] = set()
+
+    def walk(p: argparse.ArgumentParser, prefix: str) -> None:
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sp in a.choices.items():
+                    found.add(prefix + name)
+                    walk(sp, prefix + name + " ")
+
+    walk(build_parser(), "vllm-edge ")
+    return found
+
+
+def test_the_cli_reference_names_every_command():
+    text = (DOCS / "reference" / "cli.md").read_text()
+    commands = _commands()
+    leaves = {c for c in commands if not any(o.startswith(c + " ") for o in commands)}
+    missing = sorted(c for c in leaves if f"`{c}" not in text)
+    assert not missing, f"commands missing from docs/reference/cli.md: {missing}"
+    named = set(re.findall(r"`(vllm-edge [a-z-]+(?: [a-z][a-z-]+)?)", text))
+    stale = sorted(n for n in named if n not in commands and n.rsplit(" ", 1)[0] not in leaves)
+    assert not stale, f"docs/reference/cli.md names commands that do not exist: {stale}"
+
+
+def test_report_splices_the_readme_region(tmp_path, no_plots):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Mine\n\nBy hand.\n\n{claims.BEGIN}\nstale\n{claims.END}\n\nAfter.\n")
+    out = report.report(REPO / RESULTS, tmp_path / "results.md", tmp_path / "plots", readme=readme)
+    text = readme.read_text()
+    assert out["readme"] == str(readme)
+    assert text.startswith("# Mine\n\nBy hand.") and text.rstrip().endswith("After.")
+    assert "stale" not in text and "| figure | value | flags | build | artifact |" in text
+    assert not readme_mismatches(text, REPO / RESULTS, readme)
+
+
+def test_only_a_repositorys_results_own_a_readme(tmp_path):
+    assert report.default_readme(REPO / RESULTS) == README
+    assert report.default_readme(tmp_path / "results") is None
+    # a README without the markers is left alone
+    plain = tmp_path / "README.md"
+    plain.write_text("# no markers\n")
+    assert report.splice_readme(REPO / RESULTS, plain) is False and plain.read_text() == "# no markers\n"

@@ -4,11 +4,10 @@ directory under ``VLLM_EDGE_HOME``."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-
-import logging
 
 from vllm_edge import envs
 from vllm_edge.common import atomic, manifest

@@ -74,7 +74,6 @@ _SKIP_COPY = {"config.json", "model.safetensors.index.json", REPORT_NAME, MANIFE
 def tensor_refs(src: Path) -> Iterator[tuple[str, tuple[Path, str]]]:
     """(name, ref) for every tensor of a safetensors checkpoint directory, in file order;
     :func:`load_ref` reads one. Nothing is loaded here."""
-    from safetensors import safe_open
 
     files = sorted(src.glob("*.safetensors"))
     if not files:

@@ -97,3 +97,10 @@ def test_doctor_names_the_cpu_int4_kernels():
     assert kernels["small_batches"].startswith("native product" if product else "tinygemm")
     off = run_cli("doctor", env={"VLLM_EDGE_INT4_GEMV": "0"}, timeout=300)
     assert "cpu_int4 kernels: batches up to the dequantization threshold -> tinygemm" in off.stdout
+
+
+def test_doctor_fails_naming_a_bad_environment_variable():
+    proc = run_cli("doctor", env={"VLLM_EDGE_THREADS": "two"}, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "VLLM_EDGE_THREADS='two': expected an integer" in proc.stdout
+    assert "Traceback" not in proc.stderr

@@ -115,3 +115,24 @@ def test_typed_values(monkeypatch):
     assert envs.home() == Path("~/x").expanduser()
     with pytest.raises(KeyError):
         envs.get("VLLM_EDGE_NOT_DECLARED")
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("VLLM_EDGE_THREADS", "two", "VLLM_EDGE_THREADS='two': expected an integer"),
+    ("VLLM_EDGE_THREADS", "0", "VLLM_EDGE_THREADS='0': must be at least 1"),
+    ("VLLM_EDGE_MAX_IMAGES", "-3", "VLLM_EDGE_MAX_IMAGES='-3': must be at least 1"),
+    ("VLLM_EDGE_RMSNORM_PROVIDER", "maybe", "VLLM_EDGE_RMSNORM_PROVIDER='maybe': expected one of"),
+    ("VLLM_EDGE_HW_PROFILE", "{oops", "VLLM_EDGE_HW_PROFILE: invalid JSON"),
+])
+def test_problems_name_a_bad_variable(monkeypatch, name, value, message):
+    monkeypatch.setenv(name, value)
+    assert any(message in p for p in envs.problems()), envs.problems()
+
+
+def test_home_that_is_a_file_is_a_problem(monkeypatch, tmp_path):
+    f = tmp_path / "file"
+    f.write_text("")
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(f / "sub"))
+    assert any("VLLM_EDGE_HOME" in p and "is a file, not a directory" in p for p in envs.problems())
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path / "new" / "home"))
+    assert not [p for p in envs.problems() if "VLLM_EDGE_HOME" in p]

@@ -38,7 +38,7 @@ def collect() -> dict[str, Any]:
 
     # The trap breaks vLLM's own import, so look for it before touching vLLM.
     trap = torchvision_trap()
-    problems = []
+    problems = [f"environment: {p}" for p in envs.problems()]
     try:
         plugin.register()
         from vllm_edge import patches

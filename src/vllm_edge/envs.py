@@ -29,6 +29,8 @@ class EnvVar:
     evidence: str
     # "vllm-edge" for our own switches; otherwise the project that owns the name.
     owner: str = "vllm-edge"
+    # the smallest value an "int" accepts
+    minimum: int | None = None
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -148,6 +150,7 @@ _declare(
     "executor with 1 (benchmarks/results/grid/edge_mode_quiet/summary.json). On a contended host "
     "the 2 OpenMP threads wait on each other and the ranking vanished "
     "(benchmarks/results/grid/edge_mode/summary.json, NOT A RANKING).",
+    minimum=1
 )
 
 _declare(
@@ -157,6 +160,7 @@ _declare(
     "(HTTP 413) before any decode.",
     "20 MiB covers a full-resolution phone JPEG; the processor resizes every image to the "
     "encoder's 512-pixel tile anyway, so larger inputs only cost memory and decode time.",
+    minimum=1
 )
 _declare(
     "VLLM_EDGE_MAX_IMAGE_PIXELS", "int", 4096 * 4096,
@@ -164,6 +168,7 @@ _declare(
     "for `run --image` and the image gate of `serve`.",
     "A 16-megapixel RGB image decodes to 48 MiB; this bounds the decode on a small device "
     "and stops decompression bombs well below PIL's own 89 M-pixel warning.",
+    minimum=1
 )
 _declare(
     "VLLM_EDGE_MAX_IMAGES", "int", 4,
@@ -171,6 +176,7 @@ _declare(
     "`limit_mm_per_prompt` for image models, whose own default is 999.",
     "With the default VLM build one image is 67 prompt tokens, so 4 leave most of a "
     "2048-token context for text; vLLM also sizes its encoder-cache profile from this limit.",
+    minimum=1
 )
 
 _declare(
@@ -180,6 +186,7 @@ _declare(
     "of allowed cores in one-process mode, where vLLM's own thread binding does not run.",
     "vLLM's multiprocess CPU worker binds one thread per core but reserves one core for the "
     "frontend; on 2 cores that leaves 1 compute thread.", owner="openmp",
+    minimum=1
 )
 
 
@@ -237,10 +244,15 @@ def _coerce(var: EnvVar, raw: str) -> Any:
         raise ValueError(f"{var.name}={raw!r}: expected one of 1/0/true/false/yes/no/on/off")
     if var.type == "int":
         try:
-            return int(raw)
+            value = int(raw)
         except ValueError:
             raise ValueError(f"{var.name}={raw!r}: expected an integer") from None
+        if var.minimum is not None and value < var.minimum:
+            raise ValueError(f"{var.name}={raw!r}: must be at least {var.minimum}")
+        return value
     if var.type == "path":
+        if not raw.strip():
+            raise ValueError(f"{var.name}={raw!r}: expected a directory path")
         return Path(raw).expanduser()
     if var.type == "json":
         import json
@@ -266,6 +278,27 @@ def get(name: str) -> Any:
 def is_set(name: str) -> bool:
     DECLARED[name]
     return name in os.environ
+
+
+def problems() -> list[str]:
+    """What is wrong with the declared variables set in this process, one line each naming
+    the variable (``doctor`` exits 1 on any). A path must be a directory or creatable."""
+    found = []
+    for name in sorted(DECLARED):
+        if name not in os.environ:
+            continue
+        try:
+            value = get(name)
+        except ValueError as exc:
+            found.append(str(exc))
+            continue
+        if DECLARED[name].type == "path":
+            existing = next((p for p in (value, *value.parents) if p.exists()), None)
+            if existing is not None and not existing.is_dir():
+                found.append(f"{name}={os.environ[name]!r}: {existing} is a file, not a directory")
+            elif existing is not None and not os.access(existing, os.W_OK):
+                found.append(f"{name}={os.environ[name]!r}: {existing} is not writable")
+    return found
 
 
 def in_effect() -> dict[str, str]:

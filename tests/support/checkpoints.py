@@ -20,8 +20,10 @@ def copy_without_weights(src: Path, dst: Path) -> Path:
 
 def no_partial_output(out: Path) -> bool:
     """Neither ``out`` nor a temporary ``.{out.name}.*`` sibling (the atomic writers' staging
-    directory) exists: a failed conversion left nothing behind."""
-    return not out.exists() and not any(p.name.startswith(f".{out.name}.") for p in out.parent.iterdir())
+    directory) exists: a failed conversion left nothing behind. The writer's lock file
+    (``.{out.name}.lock``, empty) is allowed to stay, as lock files do."""
+    return not out.exists() and not any(p.name.startswith(f".{out.name}.") and p.name != f".{out.name}.lock"
+                                        for p in out.parent.iterdir())
 
 
 def tiny_gguf(path: Path, arch: str) -> Path:

@@ -28,6 +28,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="vision-language models: quantize the vision tower's linears too "
                         "(default: no; the connector always stays bf16)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--force", action="store_true",
+                   help="replace DST even if it is not a quantizer output (never the source)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     with reported(ValueError, FileNotFoundError):
         dst = quantize_model(args.src, args.dst, scheme=args.quant, group=args.group,
                              quantize_embedding=not args.keep_embedding,
-                             quantize_vision=args.quantize_vision, progress=not args.no_progress)
+                             quantize_vision=args.quantize_vision, progress=not args.no_progress,
+                             force=args.force)
     report = json.loads((dst / REPORT_NAME).read_text())
     summary = {k: v for k, v in report.items() if k not in ("tensors", "kept_bf16")}
     # the bf16 layers, grouped by reason (a VLM keeps its connector and maybe its tower)

@@ -333,9 +333,23 @@ def _write_metadata(w, src: Path, shape: LlamaShape, tok: TokenizerData, out_typ
         w.add_chat_template(tok.chat_template)
 
 
+def written_by_us(path: Path) -> bool:
+    """Whether ``path`` is a GGUF this exporter wrote (or llama.cpp quantized from one: its
+    quantizer keeps the metadata)."""
+    try:
+        import gguf
+
+        field = gguf.GGUFReader(str(path)).get_field("general.converted_by")
+        value = field.contents() if field is not None else None
+    except Exception:  # not a GGUF, or not one we can read: not ours
+        return False
+    return isinstance(value, str) and value.split("/")[0] == EXPORTER_VERSION.split("/")[0]
+
+
 def export_gguf(src: str | os.PathLike, out: str | os.PathLike, *, out_type: str = "bf16",
-                tokenizer_pre: str | None = None, progress: bool = True) -> Path:
-    """Write ``out`` (GGUF, BF16 or F16 weights, F32 norms) from a Llama safetensors dir."""
+                tokenizer_pre: str | None = None, progress: bool = True, force: bool = False) -> Path:
+    """Write ``out`` (GGUF, BF16 or F16 weights, F32 norms) from a Llama safetensors dir.
+    An existing ``out`` this exporter did not write is refused unless ``force``."""
     import gguf
 
     if out_type not in ("bf16", "f16"):
@@ -343,6 +357,7 @@ def export_gguf(src: str | os.PathLike, out: str | os.PathLike, *, out_type: str
     src, out = Path(src).expanduser().resolve(), Path(out).expanduser().resolve()
     if not src.is_dir():
         raise GgufExportError(f"{src}: not a model directory")
+    atomic.check_destination(out, inputs=[src], force=force, is_ours=written_by_us)
     shape = read_llama_config(src)
     tok = read_tokenizer(src, shape.vocab_size, tokenizer_pre)
     plan = planned_tensors(src, shape)
@@ -361,7 +376,7 @@ def export_gguf(src: str | os.PathLike, out: str | os.PathLike, *, out_type: str
             infos.append((g, dims, dt, 2 * int(np.prod(dims)), qt))
 
     bar = _progress(sum(i[3] for i in infos), f"export {out.name}", progress)
-    with atomic.file_path(out) as tmp:
+    with atomic.file_path(out, inputs=[src], force=force, is_ours=written_by_us) as tmp:
         w = gguf.GGUFWriter(str(tmp), "llama")
         _write_metadata(w, src, shape, tok, out_type)
         for g, dims, dt, nbytes, qt in infos:
@@ -403,7 +418,7 @@ def llama_ftype(qtype: str) -> int:
 
 
 def quantize(src_gguf: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
-             threads: int | None = None) -> Path:
+             threads: int | None = None, force: bool = False) -> Path:
     """Quantize with llama.cpp's own llama_model_quantize (its default mixture for the type)."""
     import ctypes
 
@@ -415,7 +430,7 @@ def quantize(src_gguf: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = llama_ftype(qtype)
     params.nthread = threads or len(os.sched_getaffinity(0))
-    with atomic.file_path(out) as tmp:
+    with atomic.file_path(out, inputs=[src_gguf], force=force, is_ours=written_by_us) as tmp:
         rc = llama_cpp.llama_model_quantize(str(Path(src_gguf)).encode(), str(tmp).encode(),
                                             ctypes.byref(params))
         if rc != 0:
@@ -425,15 +440,18 @@ def quantize(src_gguf: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
 
 def export_all(src: str | os.PathLike, out: str | os.PathLike, *, out_type: str = "bf16",
                quants: tuple[str, ...] = (), tokenizer_pre: str | None = None,
-               threads: int | None = None, progress: bool = True) -> list[Path]:
-    for q in quants:  # fail on a bad name before the long export
+               threads: int | None = None, progress: bool = True, force: bool = False) -> list[Path]:
+    for q in quants:  # fail on a bad name or a destination we may not replace before the long export
         llama_ftype(q)
-    base = export_gguf(src, out, out_type=out_type, tokenizer_pre=tokenizer_pre, progress=progress)
+        atomic.check_destination(quantized_path(Path(out).expanduser().resolve(), q), inputs=[src],
+                                 force=force, is_ours=written_by_us)
+    base = export_gguf(src, out, out_type=out_type, tokenizer_pre=tokenizer_pre, progress=progress,
+                       force=force)
     paths = [base]
     bar = _progress(len(quants), "llama.cpp quantize", progress and bool(quants), unit="type")
     for q in quants:
         bar.set_postfix_str(q)
-        paths.append(quantize(base, quantized_path(base, q), q, threads=threads))
+        paths.append(quantize(base, quantized_path(base, q), q, threads=threads, force=force))
         bar.update(1)
     bar.close()
     return paths

@@ -23,6 +23,7 @@ logger = logging.getLogger("vllm_edge.models")
 
 # Bump when the conversion output changes, so cached conversions are redone.
 CONVERTER_VERSION = "gguf-import/1"
+KIND = CONVERTER_VERSION.split("/")[0]
 
 # Architectures whose conversion we have checked. transformers mis-converts
 # others (gemma3 gives degenerate text where llama.cpp is correct: docs/guide/llama-cpp.md, "Gemma 3 270M").
@@ -103,11 +104,6 @@ def inspect_gguf(path: str | os.PathLike) -> GgufInfo:
     return GgufInfo(path=path, architecture=arch, name=field_str("general.name"), tensor_count=len(reader.tensors))
 
 
-def _manifest_matches(out: Path, source_sha: str) -> bool:
-    data = manifest.read(out)
-    return data.get("source_sha256") == source_sha and data.get("converter") == CONVERTER_VERSION
-
-
 def import_gguf(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, progress: bool = True) -> Path:
     """Convert ``src`` (GGUF) into a bf16 safetensors model directory ``out``."""
     src, out = Path(src).resolve(), Path(out).expanduser().resolve()
@@ -119,17 +115,26 @@ def import_gguf(src: str | os.PathLike, out: str | os.PathLike, *, force: bool =
             "other architectures is not verified against llama.cpp, and for gemma3 it is known "
             "to produce a wrong model. " + ARCH_FINDINGS.get(info.architecture, "")
         )
+    atomic.check_destination(out, kind=KIND, inputs=[src], force=force)
     source_sha = sha256_file(src)
-    if not force and _manifest_matches(out, source_sha):
-        logger.info("%s is already converted from %s", out, src.name)
-        return out
+    with atomic.lock(out):
+        why = manifest.mismatch(out, {"source_sha256": source_sha, "converter": CONVERTER_VERSION})
+        if not force and why is None:
+            logger.info("%s is already converted from %s", out, src.name)
+            return out
+        if out.exists() and why:
+            logger.warning("%s; converting again", why)
+        return _convert(src, out, info, source_sha, force=force, progress=progress)
 
+
+def _convert(src: Path, out: Path, info: GgufInfo, source_sha: str, *, force: bool,
+             progress: bool) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     steps = ["tokenizer", "weights (dequantize)", "save"]
     bar = _progress(len(steps), f"import {src.name}", progress)
-    with atomic.directory(out) as tmp:
+    with atomic.directory(out, kind=KIND, inputs=[src], force=force) as tmp:
         bar.set_postfix_str(steps[0])
         tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
         bar.update(1)

@@ -4,12 +4,13 @@ directory under ``VLLM_EDGE_HOME``."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from vllm_edge import envs
-from vllm_edge.common import manifest
+from vllm_edge.common import atomic, manifest
 from vllm_edge.common.errors import EdgeError
 from vllm_edge.quant.groups import DEFAULT_GROUP
 
@@ -36,6 +37,7 @@ MODELS = {
     ),
 }
 DEFAULT = "smollm2-135m"
+logger = logging.getLogger("vllm_edge.models")
 
 
 class ModelNotAvailable(EdgeError):
@@ -90,12 +92,15 @@ def _quant_manifest(bf16: Path, scheme: str, group: int) -> dict:
 
 
 def quantized_ready(name: str = DEFAULT, scheme: str = "cpu_int4", group: int = DEFAULT_GROUP) -> bool:
-    """Cheap check (no hashing): is a checkpoint from the current quantizer cached?"""
+    """Cheap check (sizes, and hashes of the small files only): is a complete checkpoint
+    from the current quantizer cached?"""
     from vllm_edge.quant.quantize import CONVERTER_VERSION
 
-    have = manifest.read(quantized_dir(resolve_key(name), scheme, group))
+    out = quantized_dir(resolve_key(name), scheme, group)
+    have = manifest.read(out)
     return (str(have.get("converter", "")).startswith(CONVERTER_VERSION + "+")
-            and have.get("scheme") == scheme and have.get("group_size") == group)
+            and have.get("scheme") == scheme and have.get("group_size") == group
+            and manifest.problem(out) is None)
 
 
 def prepare_quantized(name: str = DEFAULT, scheme: str = "cpu_int4", group: int = DEFAULT_GROUP, *,
@@ -108,10 +113,14 @@ def prepare_quantized(name: str = DEFAULT, scheme: str = "cpu_int4", group: int 
     bf16 = prepare(name, progress=progress)
     want = _quant_manifest(bf16, scheme, group)
     out = quantized_dir(model, scheme, group)
-    have = manifest.read(out)
-    if not force and all(have.get(k) == v for k, v in want.items() if k != "source"):
-        return out
-    return quantize_model(bf16, out, scheme=scheme, group=group, progress=progress, manifest=want)
+    with atomic.lock(out):  # a second preparer waits here, then finds the build ready
+        why = manifest.mismatch(out, want)
+        if not force and why is None:
+            return out
+        if out.exists() and why:
+            logger.warning("%s; quantizing again", why)
+        return quantize_model(bf16, out, scheme=scheme, group=group, progress=progress,
+                              manifest=want, force=force)
 
 
 def ensure_model(name: str, scheme: str | None = None, group: int | None = None) -> Path:
@@ -120,7 +129,6 @@ def ensure_model(name: str, scheme: str | None = None, group: int | None = None)
     An embedded model is converted (and quantized, when ``scheme`` is given) on first use,
     in a child process: its memory never counts in this process's RssAnon, and its progress
     bars go to this process's stderr. Later calls return the cached directory."""
-    import subprocess
     import sys
 
     from vllm_edge.models import vlm
@@ -139,7 +147,7 @@ def ensure_model(name: str, scheme: str | None = None, group: int | None = None)
             if scheme:
                 cmd += ["--quant", scheme, "--group", str(group),
                         "--quantize-vision" if vision else "--no-quantize-vision"]
-            subprocess.run(cmd, check=True)
+            _prepare_in_child(cmd, name)
         return vlm.quantized_dir(scheme, group, vision) if scheme else vlm.prepared_dir()
     if not (name == "default" or name in MODELS):
         return resolve_model_path(name)
@@ -147,14 +155,23 @@ def ensure_model(name: str, scheme: str | None = None, group: int | None = None)
     if scheme:
         if not quantized_ready(name, scheme, group):
             source_gguf(model)  # clear error if the package is missing
-            subprocess.run([sys.executable, "-m", "vllm_edge.cli", "models", "prepare", name,
-                            "--quant", scheme, "--group", str(group)], check=True)
+            _prepare_in_child([sys.executable, "-m", "vllm_edge.cli", "models", "prepare", name,
+                               "--quant", scheme, "--group", str(group)], name)
         return quantized_dir(model, scheme, group)
     target = prepared_dir(model)
-    if not (target / manifest.NAME).exists():
+    if manifest.problem(target) is not None:
         source_gguf(model)
-        subprocess.run([sys.executable, "-m", "vllm_edge.cli", "models", "prepare", name], check=True)
+        _prepare_in_child([sys.executable, "-m", "vllm_edge.cli", "models", "prepare", name], name)
     return target
+
+
+def _prepare_in_child(cmd: list[str], name: str) -> None:
+    import subprocess
+
+    rc = subprocess.run(cmd).returncode
+    if rc != 0:
+        raise ModelNotAvailable(f"preparing {name} failed (`{' '.join(cmd[2:])}` exited {rc}); "
+                                "its error is printed above, and nothing was cached")
 
 
 def resolve_model_path(name: str) -> Path:

@@ -26,6 +26,7 @@ from vllm_edge.common import atomic, manifest
 
 logger = logging.getLogger("vllm_edge.models")
 CONVERTER_VERSION = "synthetic/2"
+KIND = CONVERTER_VERSION.split("/")[0]
 ARCHES = ("llama", "qwen2", "qwen3")
 # Trained Qwen2 q/k/v biases are O(1) while its weights are O(0.02); a bias this size also
 # makes a dropped bias visible in the output (tests/quant/test_second_arch_engine.py).
@@ -150,8 +151,9 @@ def _shards(shape: Shape, max_shard_bytes: int) -> list[list[tuple[str, tuple[in
 
 
 def build(out: str | Path, shape: Shape, *, tokenizer_from: str | Path, seed: int = 0,
-          max_shard_bytes: int = 512 << 20, progress: bool = True) -> Path:
-    """Write the checkpoint to ``out`` (atomically); returns ``out``."""
+          max_shard_bytes: int = 512 << 20, progress: bool = True, force: bool = False) -> Path:
+    """Write the checkpoint to ``out`` (atomically); returns ``out``. An existing ``out``
+    that is not a synthetic build is refused unless ``force``."""
     import torch
     from safetensors.torch import save_file
     from tqdm import tqdm
@@ -171,7 +173,8 @@ def build(out: str | Path, shape: Shape, *, tokenizer_from: str | Path, seed: in
     shards = _shards(shape, max_shard_bytes)
     names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     weight_map: dict[str, str] = {}
-    with atomic.directory(out) as tmp, tqdm(total=shape.parameters, unit="param", unit_scale=True,
+    atomic.check_destination(out, kind=KIND, inputs=[tok_dir], force=force)
+    with atomic.directory(out, kind=KIND, inputs=[tok_dir], force=force) as tmp, tqdm(total=shape.parameters, unit="param", unit_scale=True,
                                             desc=f"synthetic {out.name}", disable=not progress) as bar:
         for fname, shard in zip(names, shards):
             tensors = {}

@@ -29,6 +29,7 @@ from vllm_edge.common import atomic, manifest
 from vllm_edge.quant.groups import DEFAULT_GROUP
 
 CONVERTER_VERSION = "vlm/1"
+KIND = CONVERTER_VERSION.split("/")[0]
 KEY = "smolvlm-135m"
 VOCAB_MULTIPLE = 64
 LINEAR_STD = 0.02  # SigLIP's initializer range
@@ -189,7 +190,7 @@ def _save_processor(tmp: Path, src: Path, vision: VisionShape) -> dict[str, int]
 
 
 def build(out: str | Path, *, text_dir: str | Path, vision: VisionShape = VisionShape(),
-          seed: int = 0) -> Path:
+          seed: int = 0, force: bool = False) -> Path:
     """Write the bf16 Idefics3 checkpoint to ``out`` (atomically); returns ``out``."""
     import torch
     from safetensors.torch import save_file
@@ -205,7 +206,7 @@ def build(out: str | Path, *, text_dir: str | Path, vision: VisionShape = Vision
     text_hidden = int(text_cfg["hidden_size"])
     gen = torch.Generator().manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
-    with atomic.directory(out) as tmp:
+    with atomic.directory(out, kind=KIND, inputs=[src], force=force) as tmp:
         tok_info = _save_processor(tmp, src, vision)
         vocab = padded_vocab(tok_info["tokens"])
         for name, ref in tensor_refs(src):
@@ -272,23 +273,23 @@ def parse_key(name: str) -> tuple[str | None, int, bool] | None:
 def prepare(text: Path, *, force: bool = False) -> Path:
     """Build the default VLM around the converted SmolLM2 in ``text``, once."""
     out = prepared_dir()
-    have = manifest.read(out)
-    text_sha = manifest.read(text).get("source_sha256")
-    if (not force and have.get("converter") == CONVERTER_VERSION
-            and have.get("source_sha256") == text_sha and have.get("vision") == asdict(VisionShape())):
-        return out
-    return build(out, text_dir=text)
+    want = {"converter": CONVERTER_VERSION, "source_sha256": manifest.read(text).get("source_sha256"),
+            "vision": asdict(VisionShape())}
+    with atomic.lock(out):
+        if not force and manifest.mismatch(out, want) is None:
+            return out
+        return build(out, text_dir=text, force=force)
 
 
 def ready(quant: str | None = None, group: int = DEFAULT_GROUP, quantize_vision: bool = False) -> bool:
     """Cheap check: is this build cached from the current converters?"""
     if quant is None:
-        return manifest.read(prepared_dir()).get("converter") == CONVERTER_VERSION
+        return manifest.mismatch(prepared_dir(), {"converter": CONVERTER_VERSION}) is None
     from vllm_edge.quant.quantize import CONVERTER_VERSION as QV
 
-    have = manifest.read(quantized_dir(quant, group, quantize_vision))
-    return (have.get("converter") == f"{QV}+{CONVERTER_VERSION}" and have.get("scheme") == quant
-            and have.get("group_size") == group and have.get("quantize_vision") == quantize_vision)
+    want = {"converter": f"{QV}+{CONVERTER_VERSION}", "scheme": quant, "group_size": group,
+            "quantize_vision": quantize_vision}
+    return manifest.mismatch(quantized_dir(quant, group, quantize_vision), want) is None
 
 
 def prepare_quantized(text: Path, scheme: str = "cpu_int4", group: int = DEFAULT_GROUP, *,
@@ -306,7 +307,8 @@ def prepare_quantized(text: Path, scheme: str = "cpu_int4", group: int = DEFAULT
     want = {"source": str(bf16), "source_sha256": base.get("source_sha256"),
             "converter": f"{QV}+{CONVERTER_VERSION}", "scheme": scheme, "group_size": group,
             "quantize_vision": quantize_vision}
-    if not force and manifest.read(out) == want:
-        return out
-    return quantize_model(bf16, out, scheme=scheme, group=group, quantize_vision=quantize_vision,
-                          progress=progress, manifest=want)
+    with atomic.lock(out):
+        if not force and manifest.mismatch(out, want) is None:
+            return out
+        return quantize_model(bf16, out, scheme=scheme, group=group, quantize_vision=quantize_vision,
+                              progress=progress, manifest=want, force=force)

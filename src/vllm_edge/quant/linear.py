@@ -158,6 +158,11 @@ class Int4WeightsMixin:
     def repack(self, layer: torch.nn.Module) -> None:
         self._check_complete(layer)
         del layer.cpu_int4_loaded
+        for name in ("weight_scale", "weight_zero"):
+            # A NaN or inf scale turns every output of the layer into NaN, silently.
+            if not torch.isfinite(getattr(layer, name).data).all():
+                raise CheckpointError(f"{self.prefix}.{name}: holds NaN or inf values; the "
+                                      "checkpoint is damaged, quantize its source again")
         cfg = self.quant_config
         packed = layer.weight_packed.data
         n, half_k = packed.shape

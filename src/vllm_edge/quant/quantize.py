@@ -10,6 +10,7 @@ bits per weight).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -21,6 +22,7 @@ from typing import Any, Iterator
 import torch
 
 from vllm_edge.common import atomic
+from vllm_edge.common.errors import EdgeError
 from vllm_edge.common.manifest import NAME as MANIFEST_NAME
 from vllm_edge.common.manifest import write as write_manifest
 from vllm_edge.quant import gptq, pack
@@ -31,6 +33,40 @@ SCHEMES = ("cpu_int4", "gptq")
 REPORT_NAME = "quantization_report.json"
 # Bump when the output of a scheme changes, so cached checkpoints are redone.
 CONVERTER_VERSION = "quantize/2"
+KIND = CONVERTER_VERSION.split("/")[0]
+# What the quantizer has been run on end to end (config "architectures").
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                 "Idefics3ForConditionalGeneration")
+
+
+class QuantizeError(EdgeError, ValueError):
+    """A source or option the quantizer refuses, named."""
+
+
+def read_source_config(src: Path) -> dict:
+    """The source's config.json, checked: it parses, names a supported architecture and
+    is not already quantized."""
+    path = src / "config.json"
+    if not src.is_dir():
+        raise QuantizeError(f"{src}: not a model directory")
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise QuantizeError(f"{path}: missing; the source must be a Hugging Face model directory") from None
+    except (OSError, ValueError) as exc:
+        raise QuantizeError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise QuantizeError(f"{path}: expected a JSON object")
+    archs = config.get("architectures") or []
+    if not isinstance(archs, list) or not any(a in ARCHITECTURES for a in archs):
+        raise QuantizeError(f"{path}: field architectures={archs!r} is not supported; "
+                            f"supported: {', '.join(ARCHITECTURES)}")
+    qc = config.get("quantization_config")
+    if qc:
+        method = qc.get("quant_method") if isinstance(qc, dict) else qc
+        raise QuantizeError(f"{path}: field quantization_config says the source is already quantized "
+                            f"({method}); quantize its bf16 original instead")
+    return config
 # the source's import manifest describes the bf16 conversion, not this checkpoint
 _SKIP_COPY = {"config.json", "model.safetensors.index.json", REPORT_NAME, MANIFEST_NAME}
 
@@ -38,28 +74,38 @@ _SKIP_COPY = {"config.json", "model.safetensors.index.json", REPORT_NAME, MANIFE
 def tensor_refs(src: Path) -> Iterator[tuple[str, tuple[Path, str]]]:
     """(name, ref) for every tensor of a safetensors checkpoint directory, in file order;
     :func:`load_ref` reads one. Nothing is loaded here."""
-    from safetensors import safe_open
 
     files = sorted(src.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"{src}: no *.safetensors files")
+        raise QuantizeError(f"{src}: no *.safetensors files")
     for f in files:
-        with safe_open(str(f), framework="pt") as h:
-            for name in h.keys():
-                yield name, (f, name)
+        with _open(f) as h:
+            names = list(h.keys())
+        for name in names:
+            yield name, (f, name)
+
+
+@contextlib.contextmanager
+def _open(path: Path, name: str | None = None) -> Iterator[Any]:
+    """safe_open with errors that name the file (and tensor): a truncated or garbage file
+    otherwise fails with the library's message alone."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as h:
+            yield h
+    except SafetensorError as exc:
+        what = f"{path}" + (f", tensor {name}" if name else "")
+        raise QuantizeError(f"{what}: not a readable safetensors file ({exc})") from None
 
 
 def load_ref(ref: tuple[Path, str]) -> torch.Tensor:
-    from safetensors import safe_open
-
-    with safe_open(str(ref[0]), framework="pt") as h:
+    with _open(ref[0], ref[1]) as h:
         return h.get_tensor(ref[1])
 
 
 def _shape(ref: tuple[Path, str]) -> tuple[int, ...]:
-    from safetensors import safe_open
-
-    with safe_open(str(ref[0]), framework="pt") as h:
+    with _open(ref[0], ref[1]) as h:
         return tuple(h.get_slice(ref[1]).get_shape())
 
 
@@ -149,13 +195,14 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
                    group: int = DEFAULT_GROUP, *, quantize_embedding: bool = True,
                    modules_to_not_convert: list[str] | None = None,
                    quantize_vision: bool | None = None,
-                   progress: bool = True, manifest: dict | None = None) -> Path:
+                   progress: bool = True, manifest: dict | None = None, force: bool = False) -> Path:
     """Write a ``cpu_int4`` (or ``gptq``: see :mod:`.gptq`) checkpoint of ``src_dir`` to
     ``dst_dir`` (atomically). ``gptq`` keeps the input embedding in bf16 (vLLM's GPTQ
     reads no quantized embedding) and quantizes the untied head.
 
-    ``manifest``, if given, is written as ``vllm_edge_manifest.json`` inside the same
-    atomic rename, so a cached checkpoint with a manifest is always complete.
+    Every output carries a manifest (``vllm_edge_manifest.json``: converter, scheme, group,
+    source), written inside the same atomic rename; ``manifest`` adds fields to it. An
+    existing ``dst`` that is not a quantizer output is refused unless ``force``.
 
     A vision-language model (a config with ``vision_config``; Idefics3 naming) keeps its
     connector and vision embeddings in bf16, and its vision tower's linears too unless
@@ -167,11 +214,12 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
     from tqdm import tqdm
 
     if scheme not in SCHEMES:
-        raise ValueError(f"scheme {scheme!r} is not implemented; available: {', '.join(SCHEMES)}")
+        raise QuantizeError(f"scheme {scheme!r} is not implemented; available: {', '.join(SCHEMES)}")
     if group not in GROUPS:
-        raise ValueError(f"group {group} is not supported; use one of {GROUPS}")
-    src, dst = Path(src_dir), Path(dst_dir)
-    config = json.loads((src / "config.json").read_text())
+        raise QuantizeError(f"group {group} is not supported; use one of {GROUPS}")
+    src, dst = Path(src_dir).expanduser(), Path(dst_dir).expanduser()
+    atomic.check_destination(dst, kind=KIND, inputs=[src], force=force)
+    config = read_source_config(src)
     skip = list(modules_to_not_convert or [])
     refs = dict(tensor_refs(src))
     if scheme == "gptq":
@@ -279,7 +327,9 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
         "kept_bf16": kept,
         "tensors": report,
     }
-    with atomic.directory(dst) as tmp:
+    build_manifest = {"converter": CONVERTER_VERSION, "source": str(src.resolve()),
+                      "scheme": scheme, "group_size": group, **(manifest or {})}
+    with atomic.directory(dst, kind=KIND, inputs=[src], force=force) as tmp:
         save_file(out, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "model.safetensors").chmod(0o644)
         for f in src.iterdir():
@@ -289,8 +339,7 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
         (tmp / REPORT_NAME).write_text(json.dumps(summary, indent=2) + "\n")
         if scheme == "gptq":  # AutoGPTQ-style tools read it from here
             (tmp / "quantize_config.json").write_text(json.dumps(qcfg, indent=2) + "\n")
-        if manifest is not None:
-            write_manifest(tmp, manifest)
+        write_manifest(tmp, build_manifest)
     return dst
 
 

@@ -19,9 +19,10 @@ import torch
 from vllm_edge.bench import prompts as P
 from vllm_edge.bench.fidelity import defaults
 from vllm_edge.bench.fidelity import metrics as fm
-from vllm_edge.common import atomic
+from vllm_edge.common import atomic, manifest
 
 REF_FORMAT = 1
+REF_KIND = "fidelity-ref"  # its manifest's converter name: a re-save may replace it
 # torch-free in defaults.py (`vllm-edge fidelity --help` reads them); kept here for callers
 DEFAULT_K, DEFAULT_KL_K = defaults.DEFAULT_K, defaults.DEFAULT_KL_K
 DEFAULT_CHUNK, DEFAULT_GREEDY_TOKENS = defaults.DEFAULT_CHUNK, defaults.DEFAULT_GREEDY_TOKENS
@@ -119,8 +120,9 @@ def save_reference(path: str | os.PathLike, data: dict, meta: dict | None = None
             "prompts": [p["id"] for p in P.fidelity_prompts()],
             "prompt_ids": data["prompt_ids"], "greedy": data["greedy"], "chunks": data["chunks"],
             "meta": meta or {}}
-    with atomic.directory(path) as tmp:
+    with atomic.directory(path, kind=REF_KIND) as tmp:
         (tmp / "meta.json").write_text(json.dumps(body) + "\n")
+        manifest.write(tmp, {"converter": f"{REF_KIND}/{REF_FORMAT}", "k": k})
         torch.save({"ids": ids, "lp": lp,
                     "target_lp": torch.tensor(data["target_lp"], dtype=torch.float64)}, tmp / "teacher.pt")
     return Path(path)

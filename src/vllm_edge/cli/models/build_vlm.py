@@ -22,7 +22,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize-vision", action=argparse.BooleanOptionalAction, default=False,
                    help="with --quant: quantize the vision tower's linears too (default: no; "
                         "see docs/multimodal.md for the measurement)")
-    p.add_argument("--force", action="store_true", help="build again even if cached")
+    p.add_argument("--force", action="store_true", help="build again even if cached; with OUT, replace it even if it is not a VLM build")
     shape = VisionShape()
     p.add_argument("--vision-hidden", type=int, default=shape.hidden)
     p.add_argument("--vision-layers", type=int, default=shape.layers)
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError("--quant builds the cached default VLM; quantize a custom OUT "
                                  "with `vllm-edge quantize OUT DST --quantize-vision/--no-quantize-vision`")
             path = vlm.build(args.out, text_dir=store.prepare("default"), vision=shape,
-                             seed=args.seed)
+                             seed=args.seed, force=args.force)
         elif args.quant:
             path = vlm.prepare_quantized(store.prepare("default"), args.quant, args.group,
                                          quantize_vision=args.quantize_vision, force=args.force)

@@ -22,13 +22,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer-pre", default=None, metavar="NAME",
                    help="llama.cpp pre-tokenizer name, when it cannot be recognised from tokenizer.json")
     add_threads(p, help="quantization threads (default: allowed cores)")
+    p.add_argument("--force", action="store_true",
+                   help="replace OUT (and its quantized siblings) even if vllm-edge did not write them")
 
 
 def run(args: argparse.Namespace) -> int:
     from vllm_edge.models.gguf_export import export_all, parse_quants
 
     paths = export_all(args.src, args.out, out_type=args.type, quants=parse_quants(args.quantize),
-                       tokenizer_pre=args.tokenizer_pre, threads=args.threads)
+                       tokenizer_pre=args.tokenizer_pre, threads=args.threads, force=args.force)
     for p in paths:
         print(p)
     return 0

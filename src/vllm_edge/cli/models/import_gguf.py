@@ -13,7 +13,8 @@ HELP = "convert a GGUF file into a bf16 safetensors directory"
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("file")
     p.add_argument("out")
-    p.add_argument("--force", action="store_true", help="convert again even if OUT is up to date")
+    p.add_argument("--force", action="store_true", help="convert again even if OUT is up to date, and replace OUT even if it "
+                   "is not a conversion vllm-edge made")
     p.add_argument("--verify", action="store_true",
                    help="check the import against llama.cpp on the same GGUF (needs llama-cpp-python)")
     p.add_argument("--verify-out", default=None, metavar="JSON", help="write the full parity report here")

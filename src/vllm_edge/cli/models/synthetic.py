@@ -23,6 +23,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tied", action=argparse.BooleanOptionalAction, default=True,
                    help="tie the head to the embedding (default)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true",
+                   help="replace OUT even if it is not a synthetic build vllm-edge made")
     p.add_argument("--tokenizer-from", default=None,
                    help="model directory whose tokenizer to reuse (default: the embedded model)")
 
@@ -34,6 +36,6 @@ def run(args: argparse.Namespace) -> int:
         shape = synthetic.Shape.derive(args.hidden, args.layers, args.vocab, args.intermediate,
                                        args.heads, args.kv_heads, args.tied, args.arch)
         tok = args.tokenizer_from or store.prepare("default")
-        path = synthetic.build(args.out, shape, tokenizer_from=tok, seed=args.seed)
+        path = synthetic.build(args.out, shape, tokenizer_from=tok, seed=args.seed, force=args.force)
     print(path)
     return 0

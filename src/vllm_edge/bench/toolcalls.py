@@ -286,29 +286,36 @@ def run(model: str = "default", *, cells: list[tuple[float, bool]], calls: int =
         args = [model, *(serve_args or [])]
         proc = soak.start_server(args, port, log_path)
         base_url = f"http://127.0.0.1:{port}"
+    results: list[dict] = []
+
+    def write(complete: bool, root: str | None) -> dict:
+        result = {
+            "label": label,
+            "contract": "named/required tool_choice: a valid call (exists, right tool, JSON "
+                        "arguments that satisfy the parameters schema) or finish_reason=length",
+            "config": {"model": model, "calls_per_cell": calls, "clients": clients,
+                       "max_seconds_per_cell": max_seconds_per_cell, "max_tokens": max_tokens,
+                       "mix": MIX, "seed": seed, "serve_args": args, "base_url": base_url,
+                       "cells": [{"temperature": t, "stream": s} for t, s in cells]},
+            "complete": complete,  # False while cells are still running
+            "cells": results,
+            "violations_total": sum(sum(c["violations"].values()) for c in results),
+            "model_root": root,
+        }
+        result["provenance"] = provenance.collect(model=root, threads=None)
+        if out:
+            atomic.write_json(out, result)
+        return result
+
     try:
-        results = []
+        root = httpx.get(base_url + "/v1/models", timeout=30).json()["data"][0].get("root")
         for temperature, stream in cells:
             cell = run_cell(base_url, temperature=temperature, stream=stream, calls=calls,
                             clients=clients, max_seconds=max_seconds_per_cell,
                             max_tokens=max_tokens, model=model, seed=seed)
             results.append(cell.summary())
-        root = httpx.get(base_url + "/v1/models", timeout=30).json()["data"][0].get("root")
+            write(False, root)  # a slow host still leaves the finished cells behind
     finally:
         if proc is not None:
             soak.stop_server(proc)
-    result = {
-        "label": label,
-        "contract": "named/required tool_choice: a valid call (exists, right tool, JSON "
-                    "arguments that satisfy the parameters schema) or finish_reason=length",
-        "config": {"model": model, "calls_per_cell": calls, "clients": clients,
-                   "max_seconds_per_cell": max_seconds_per_cell, "max_tokens": max_tokens,
-                   "mix": MIX, "seed": seed, "serve_args": args, "base_url": base_url},
-        "cells": results,
-        "violations_total": sum(sum(c["violations"].values()) for c in results),
-        "model_root": root,
-    }
-    result["provenance"] = provenance.collect(model=root, threads=None)
-    if out:
-        atomic.write_json(out, result)
-    return result
+    return write(True, root)

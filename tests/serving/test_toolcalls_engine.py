@@ -82,4 +82,5 @@ def test_named_and_required_calls_under_load(server, stream):
     print(json.dumps({k: s[k] for k in ("wall_s", "requests", "verdicts", "soak_classes")}))
     assert sum(s["constrained_calls"].values()) >= 4, s["requests"]
     assert s["violations"] == {"tool_named": 0, "tool_required": 0}, s["failures_sample"]
+    assert s["unanswered"] == {"tool_named": 0, "tool_required": 0}, s["failures_sample"]
     assert server["proc"].poll() is None

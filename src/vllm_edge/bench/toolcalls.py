@@ -137,14 +137,20 @@ class Cell:
         table[kind][key] = table[kind].get(key, 0) + 1
 
     def summary(self, keep_failures: int = 30) -> dict:
-        violations = {k: sum(n for v, n in self.verdicts.get(k, {}).items()
-                             if v not in ("valid", "length"))
+        def transport(v: str) -> bool:
+            return v.startswith("client_error:")
+
+        # a request the client gave up on (a loaded host) says nothing about the answer
+        unanswered = {k: sum(n for v, n in self.verdicts.get(k, {}).items() if transport(v))
                       for k in CONSTRAINED}
-        done = {k: sum(self.verdicts.get(k, {}).values()) for k in CONSTRAINED}
+        violations = {k: sum(n for v, n in self.verdicts.get(k, {}).items()
+                             if v not in ("valid", "length") and not transport(v))
+                      for k in CONSTRAINED}
+        done = {k: sum(self.verdicts.get(k, {}).values()) - unanswered[k] for k in CONSTRAINED}
         return {"temperature": self.temperature, "stream": self.stream,
                 "wall_s": round(self.wall_s, 1), "requests": self.requests,
                 "verdicts": self.verdicts, "soak_classes": self.soak_classes,
-                "constrained_calls": done, "violations": violations,
+                "constrained_calls": done, "unanswered": unanswered, "violations": violations,
                 "violation_rate": {k: (violations[k] / done[k] if done[k] else None)
                                    for k in CONSTRAINED},
                 "failures_sample": self.failures[:keep_failures]}

@@ -74,7 +74,8 @@ def test_load_all_is_idempotent_and_states_never_change(monkeypatch):
     monkeypatch.setenv("VLLM_EDGE_PATCH_AOT_CACHE", "0")
     second = {p.name: p.state for p in patches.load_all()}
     assert first == second == {"aot_cache": State.APPLIED, "kv_budget": State.APPLIED,
-                               "arena_release": State.APPLIED}
+                               "arena_release": State.APPLIED,
+                               "hermes_json_end": State.APPLIED}
     assert sys.modules["vllm.compilation.decorators"]._try_load_aot_compiled_fn is replaced
     assert getattr(replaced, "__vllm_edge_patch__", None) == "aot_cache"
 

@@ -36,7 +36,8 @@ def test_vllm_loads_the_plugin_and_it_is_reentrant():
         "print(json.dumps({'first': first['patches'], 'second': second['patches'],"
         " 'same_fn': fn is d._try_load_aot_compiled_fn, 'registered': second['registered']}))\n"
     )
-    assert out["first"] == {"aot_cache": "applied", "kv_budget": "applied", "arena_release": "applied"}
+    assert out["first"] == {"aot_cache": "applied", "kv_budget": "applied", "arena_release": "applied",
+                            "hermes_json_end": "applied"}
     assert out["second"] == out["first"]
     assert out["same_fn"] and out["registered"]
 

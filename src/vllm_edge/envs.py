@@ -70,6 +70,13 @@ _declare(
     "tests/test_levers_engine.py and benchmarks/results/: RssAnon of the worker before and after.",
 )
 _declare(
+    "VLLM_EDGE_PATCH_HERMES_JSON_END", "bool", True,
+    "End a hermes tool call at the first </tool_call> outside a JSON string "
+    "(patches/hermes_json_end.py).",
+    "tests/test_patches_hermes.py: on vLLM 0.32.0 a schema-valid call whose string argument "
+    "contains </tool_call> is lost without the patch; benchmarks/results/toolcalls/.",
+)
+_declare(
     "VLLM_EDGE_LOG_LEVEL", "str", "INFO",
     "Log level of the vllm_edge logger.",
     "INFO shows patch states once per process, which is what a user needs to "

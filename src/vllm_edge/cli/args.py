@@ -51,7 +51,7 @@ def add_weight_quant(p: argparse.ArgumentParser) -> None:
                    help="auto: the weight path chosen for this CPU (4-bit); none: unquantized bf16")
 
 
-def add_group(p: argparse.ArgumentParser, help: str = "input columns per scale (docs/cpu-4bit.md)") -> None:
+def add_group(p: argparse.ArgumentParser, help: str = "input columns per scale (docs/guide/quantize.md)") -> None:
     p.add_argument("--group", type=int, choices=GROUPS, default=DEFAULT_GROUP, help=help)
 
 

@@ -1,4 +1,4 @@
-"""`vllm-edge compare`: vLLM against llama.cpp on matched builds -> docs/comparisons.md."""
+"""`vllm-edge compare`: vLLM against llama.cpp on matched builds -> docs/results/comparisons.md."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from vllm_edge.cli.args import add_cpus, add_model, add_out, add_threads
 from vllm_edge.common.errors import EdgeError
 
 NAME = "compare"
-HELP = "vLLM vs llama.cpp on matched builds -> docs/comparisons.md"
+HELP = "vLLM vs llama.cpp on matched builds -> docs/results/comparisons.md"
 DESCRIPTION = (compare.__doc__.split("\n\n")[0] + " Default budget: under 30 minutes on 2 "
-               "cores (see docs/llama-cpp.md). Needs the [baselines] extra.")
+               "cores (see docs/guide/llama-cpp.md). Needs the [baselines] extra.")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:

@@ -21,7 +21,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     sizes = ", ".join(f"{g} = {b}" + (" (default)" if g == DEFAULT_GROUP else "")
                       for g, b in _BITS.items())
     add_group(p, help=f"input columns per scale, bits/weight: {sizes}; 32 matches a Q4_1 "
-                      "source's blocks; see docs/cpu-4bit.md")
+                      "source's blocks; see docs/guide/quantize.md")
     p.add_argument("--keep-embedding", action="store_true",
                    help="keep the input embedding in its source dtype (gptq always does)")
     p.add_argument("--quantize-vision", action=argparse.BooleanOptionalAction, default=None,

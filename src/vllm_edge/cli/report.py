@@ -1,4 +1,4 @@
-"""`vllm-edge report`: regenerate docs/results.md and its plots from benchmarks/results/."""
+"""`vllm-edge report`: regenerate docs/results/results.md and README.md's measured section and its plots from benchmarks/results/."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from vllm_edge.bench import report as results_report
 from vllm_edge.cli.args import reported
 
 NAME = "report"
-HELP = "regenerate docs/results.md and its plots from benchmarks/results/"
+HELP = "regenerate docs/results/results.md and README.md's measured section and its plots from benchmarks/results/"
 DESCRIPTION = ("Reads every *.json and *.jsonl in --results and rewrites the part "
                f"of --doc between {results_report.BEGIN} and {results_report.END}.")
 

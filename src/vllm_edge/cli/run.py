@@ -22,11 +22,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     add_output(p)
     add_weight_quant(p)
     p.add_argument("--priority", choices=("speed", "fidelity"), default="speed",
-                   help="what the weight-path choice favours (see docs/cpu-4bit.md)")
+                   help="what the weight-path choice favours (see docs/guide/quantize.md)")
     p.add_argument("--image", action="append", default=None, metavar="PATH",
                    help="an image file (or a data:image/...;base64 URL) to put before the prompt; "
                         "repeat for several. With --model default, runs the embedded VLM "
-                        "smolvlm-135m (docs/multimodal.md)")
+                        "smolvlm-135m (docs/guide/multimodal.md)")
 
 
 def run(args: argparse.Namespace) -> int:

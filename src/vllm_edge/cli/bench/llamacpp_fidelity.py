@@ -12,7 +12,7 @@ from vllm_edge.common.errors import EdgeError
 NAME = "llamacpp-fidelity"
 HELP = "fidelity of a quantized GGUF against its BF16 GGUF, both in llama.cpp (needs [baselines])"
 DESCRIPTION = ("Fidelity of a quantized GGUF against its own BF16 GGUF, both in llama.cpp "
-               "(design.md §5).")
+               "(docs/design/fidelity.md).")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ from vllm_edge.cli.args import add_group, add_quant, reported
 
 NAME = "build-vlm"
 HELP = ("an Idefics3 (SmolVLM-shaped) checkpoint: SmolLM2's real weights, a seeded random vision "
-        "encoder (docs/multimodal.md)")
+        "encoder (docs/guide/multimodal.md)")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -21,7 +21,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     add_group(p)
     p.add_argument("--quantize-vision", action=argparse.BooleanOptionalAction, default=False,
                    help="with --quant: quantize the vision tower's linears too (default: no; "
-                        "see docs/multimodal.md for the measurement)")
+                        "see docs/guide/multimodal.md for the measurement)")
     p.add_argument("--force", action="store_true", help="build again even if cached; with OUT, replace it even if it is not a VLM build")
     shape = VisionShape()
     p.add_argument("--vision-hidden", type=int, default=shape.hidden)

@@ -251,7 +251,7 @@ def test_the_cli_reference_names_every_command():
     leaves = {c for c in commands if not any(o.startswith(c + " ") for o in commands)}
     missing = sorted(c for c in leaves if f"`{c}" not in text)
     assert not missing, f"commands missing from docs/reference/cli.md: {missing}"
-    named = set(re.findall(r"`(vllm-edge [a-z-]+(?: [a-z][a-z-]+)?)", text))
+    named = set(re.findall(r"`(vllm-edge [a-z0-9-]+(?: [a-z][a-z0-9-]+)?)", text))
     stale = sorted(n for n in named if n not in commands and n.rsplit(" ", 1)[0] not in leaves)
     assert not stale, f"docs/reference/cli.md names commands that do not exist: {stale}"
 

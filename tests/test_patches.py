@@ -75,7 +75,7 @@ def test_load_all_is_idempotent_and_states_never_change(monkeypatch):
     second = {p.name: p.state for p in patches.load_all()}
     assert first == second == {"aot_cache": State.APPLIED, "kv_budget": State.APPLIED,
                                "arena_release": State.APPLIED,
-                               "hermes_json_end": State.APPLIED}
+                               "hermes_json_end": State.APPLIED, "amx_attention": State.APPLIED}
     assert sys.modules["vllm.compilation.decorators"]._try_load_aot_compiled_fn is replaced
     assert getattr(replaced, "__vllm_edge_patch__", None) == "aot_cache"
 
@@ -160,3 +160,21 @@ def test_without_the_shim_the_plain_function_fails_like_upstream():
 
     with pytest.raises(AttributeError, match="finalize_loading"):
         _Loaded(plain)._artifacts.compiled_fn.finalize_loading("cfg")
+
+
+def test_amx_attention_falls_back_to_the_avx512_kernel_only_where_amx_was_chosen():
+    import torch
+
+    from vllm_edge.patches import amx_attention
+
+    patches.load_all()
+    import vllm.v1.attention.backends.cpu_attn as cpu_attn
+
+    patched = cpu_attn._get_attn_isa
+    assert getattr(patched, "__vllm_edge_patch__", None) == "amx_attention"
+    original = amx_attention.PATCH.original
+    chosen = original(torch.bfloat16, 128, 64)
+    if torch.cpu._is_amx_tile_supported():
+        assert chosen == "amx"  # vLLM 0.32's pick on this CPU, the one that crashes with cpu_int4
+    assert patched(torch.bfloat16, 128, 64) == ("vec" if chosen == "amx" else chosen)
+    assert patched(torch.float32, 128, 64) == original(torch.float32, 128, 64)  # amx is bf16 only

@@ -62,10 +62,9 @@ def _named_request():
 @pytest.mark.skipif(_vllm_version() != VLLM_PIN, reason=f"pinned to vLLM {VLLM_PIN}")
 def test_the_named_call_grammar_accepts_the_end_tag_inside_a_string():
     import xgrammar as xgr
-    from xgrammar.testing import _is_grammar_accept_string
-
     from vllm.tool_parsers.structural_tag_registry import get_model_structural_tag
     from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
+    from xgrammar.testing import _is_grammar_accept_string
 
     req = _named_request()
     tag = get_model_structural_tag("hermes", req.tools, req.tool_choice, reasoning=False,

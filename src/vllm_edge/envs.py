@@ -70,6 +70,13 @@ _declare(
     "tests/test_levers_engine.py and benchmarks/results/: RssAnon of the worker before and after.",
 )
 _declare(
+    "VLLM_EDGE_PATCH_AMX_ATTENTION", "bool", True,
+    "Run vLLM's AVX-512 CPU attention kernel instead of its AMX one (patches/amx_attention.py).",
+    "tests/test_patches.py: on an AMX CPU the choice is vec with the patch and amx without; with "
+    "amx a cpu_int4 engine dies with SIGILL in the attention kernel (tests/bench/"
+    "test_profile_engine.py and tests/bench/test_speed_engine.py on the AMX Xeon CI host).",
+)
+_declare(
     "VLLM_EDGE_PATCH_HERMES_JSON_END", "bool", True,
     "End a hermes tool call at the first </tool_call> outside a JSON string "
     "(patches/hermes_json_end.py).",

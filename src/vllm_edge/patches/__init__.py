@@ -27,7 +27,8 @@ from vllm_edge import envs
 logger = logging.getLogger("vllm_edge.patches")
 
 # Patch modules, in application order.
-PATCH_MODULES: tuple[str, ...] = ("aot_cache", "kv_budget", "arena_release", "hermes_json_end")
+PATCH_MODULES: tuple[str, ...] = ("aot_cache", "kv_budget", "arena_release", "hermes_json_end",
+                                  "amx_attention")
 
 
 class State(str, enum.Enum):

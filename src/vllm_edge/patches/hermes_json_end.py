@@ -81,6 +81,9 @@ class _Probe:
 
 def _is_fixed_upstream(owner: Any, attr: str, current: Any) -> bool:
     probe = _Probe(owner)
+    # the unpatched parser logs a traceback for the probe; it is expected, not news
+    parser_log = logging.getLogger(_MODULE)
+    was_disabled, parser_log.disabled = parser_log.disabled, True
     try:
         if attr == "extract_tool_calls":
             info = current(probe, _PROBE, None)
@@ -92,6 +95,8 @@ def _is_fixed_upstream(owner: Any, attr: str, current: Any) -> bool:
         return json.loads(regions[0][0])["arguments"] == _PROBE_ARGS
     except Exception:
         return False
+    finally:
+        parser_log.disabled = was_disabled
 
 
 def _make_replacement(owner: Any, attr: str, original: Any) -> Any:
@@ -101,8 +106,7 @@ def _make_replacement(owner: Any, attr: str, original: Any) -> Any:
 
 
 def _make_extract(original: Any) -> Any:
-    from vllm.entrypoints.generate.base.protocol import (
-        ExtractedToolCallInformation, FunctionCall, ToolCall)
+    from vllm.entrypoints.generate.base.protocol import ExtractedToolCallInformation, FunctionCall, ToolCall
 
     def extract_tool_calls(self: Any, model_output: str, request: Any) -> Any:
         start, end = self.tool_call_start_token, self.tool_call_end_token

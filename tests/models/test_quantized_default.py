@@ -64,10 +64,14 @@ def test_a_new_source_is_quantized_again(fake_bf16, monkeypatch):
 def test_run_quantizes_in_a_child_process_only_when_needed(fake_bf16, monkeypatch):
     import subprocess
 
-
     monkeypatch.setattr(store, "source_gguf", lambda m: "x.gguf")
     calls = []
-    monkeypatch.setattr(subprocess, "run", lambda cmd, check: calls.append(cmd))
+
+    def child(cmd, **kwargs):  # the child would quantize; here it only records the command
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(subprocess, "run", child)
     target = store.ensure_model("default", "cpu_int4", 32)
     assert target == store.quantized_dir(store.resolve_key("default"))
     assert calls and calls[0][-6:] == ["prepare", "default", "--quant", "cpu_int4", "--group", "32"]
@@ -83,3 +87,13 @@ def test_cli_prepare_quant(fake_bf16, capsys):
     assert main(["models", "prepare", "default", "--quant", "cpu_int4"]) == 0
     out = capsys.readouterr().out.strip()
     assert out.endswith("smollm2-135m-cpu_int4-g32") and store.quantized_ready("default")
+
+
+def test_a_failed_first_use_prepare_is_a_clear_error(fake_bf16, monkeypatch):
+    import subprocess
+
+    monkeypatch.setattr(store, "source_gguf", lambda m: "x.gguf")
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 3))
+    with pytest.raises(store.ModelNotAvailable, match=r"preparing default failed \(`vllm-edge models "
+                                                      r"prepare default --quant cpu_int4 --group 64` exited 3\)"):
+        store.ensure_model("default", "cpu_int4", 64)

@@ -13,10 +13,10 @@ BASE = {"quant_method": "cpu_int4", "group_size": 32}
     ("quantize_embedding", "false", "quantization_config.quantize_embedding='false'; expected true or false"),
     ("prefill_dequant", 0, "quantization_config.prefill_dequant=0; expected true or false"),
     ("modules_to_not_convert", "lm_head", "quantization_config.modules_to_not_convert='lm_head'; expected a list"),
-    ("group_size", "32", "quantization_config.group_size='32'; expected a whole number"),
-    ("group_size", True, "quantization_config.group_size=True; expected a whole number"),
-    ("dequant_threshold", "48", "quantization_config.dequant_threshold='48'"),
-    ("dequant_workspace_mb", 0, "quantization_config.dequant_workspace_mb=0"),
+    ("group_size", "32", "quantization_config.group_size='32' is not supported"),
+    ("group_size", True, "quantization_config.group_size=True is not supported"),
+    ("dequant_threshold", "48", "quantization_config.dequant_threshold must be an integer >= 0"),
+    ("dequant_workspace_mb", 0, "dequant_workspace_mb must be >= 1"),
 ])
 def test_wrong_types_are_refused_naming_the_field(field, value, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):

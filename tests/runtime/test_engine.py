@@ -20,7 +20,7 @@ def test_threads_env_lowers_and_is_capped_at_the_cores(monkeypatch):
     n, why = engine.thread_count([0, 1])
     assert n == 2 and "capped" in why
     monkeypatch.setenv("VLLM_EDGE_THREADS", "0")
-    with pytest.raises(ValueError, match="VLLM_EDGE_THREADS=0"):
+    with pytest.raises(ValueError, match="VLLM_EDGE_THREADS='0': must be at least 1"):
         engine.thread_count([0, 1])
 
 

@@ -28,11 +28,17 @@ def snapshot(tmp_path, monkeypatch):
     return make
 
 
-def test_amx_xeon_speed_is_w4a8(snapshot):
+def test_amx_xeon_speed_is_cpu_int4_while_w4a8_is_unmeasured(snapshot):
     p = select_weight_path(snapshot("amx_xeon"), "speed")
+    assert (p.name, p.scheme) == ("cpu_int4", "cpu_int4") and p.verified
+    assert any("AMX" in r and "W4A8" in r for r in p.reasons)
+
+
+def test_amx_without_bf16_is_w4a8(snapshot):
+    p = select_weight_path({"arch": "x86_64", "isa": {"avx512": True, "amx_tile": True, "amx_int8": True}},
+                           "speed")
     assert p.name == "gptq_w4a8" and p.scheme == "gptq"
     assert not p.verified  # no AMX machine measured it
-    assert any("AMX" in r for r in p.reasons)
 
 
 def test_amx_xeon_fidelity_is_cpu_int4(snapshot):

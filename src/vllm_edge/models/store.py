@@ -170,7 +170,7 @@ def _prepare_in_child(cmd: list[str], name: str) -> None:
 
     rc = subprocess.run(cmd).returncode
     if rc != 0:
-        raise ModelNotAvailable(f"preparing {name} failed (`{' '.join(cmd[2:])}` exited {rc}); "
+        raise ModelNotAvailable(f"preparing {name} failed (`vllm-edge {' '.join(cmd[3:])}` exited {rc}); "
                                 "its error is printed above, and nothing was cached")
 
 

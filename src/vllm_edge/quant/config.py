@@ -135,31 +135,21 @@ class CpuInt4Config(QuantizationConfig):
         bits = config.get("bits", 4)
         if bits != 4:
             raise ValueError(f"cpu_int4: quantization_config.bits={bits!r}; only 4 is supported")
-        threshold = config.get("dequant_threshold", ops.AUTO_NAME)
-        if threshold != ops.AUTO_NAME and not _is_int(threshold, 1):
-            raise ValueError(f"cpu_int4: quantization_config.dequant_threshold={threshold!r}; expected "
-                             f"{ops.AUTO_NAME!r} or a whole number of rows >= 1")
+        # group_size, dequant_threshold and dequant_workspace_mb are checked by __init__
         if "group_size" not in config:
             raise ValueError("cpu_int4: quantization_config.group_size is missing")
-        group = config["group_size"]
-        if not _is_int(group, 1):
-            raise ValueError(f"cpu_int4: quantization_config.group_size={group!r}; expected a whole number")
         skip = config.get("modules_to_not_convert")
         if skip is not None and not (isinstance(skip, list) and all(isinstance(m, str) for m in skip)):
             raise ValueError(f"cpu_int4: quantization_config.modules_to_not_convert={skip!r}; "
                              "expected a list of module names")
-        workspace = config.get("dequant_workspace_mb", ops.DEFAULT_WORKSPACE_MB)
-        if not _is_int(workspace, 1):
-            raise ValueError(f"cpu_int4: quantization_config.dequant_workspace_mb={workspace!r}; "
-                             "expected a whole number >= 1")
         return cls(
-            group_size=group,
+            group_size=config["group_size"],
             quantize_embedding=_flag(config, "quantize_embedding", True),
             prefill_dequant=_flag(config, "prefill_dequant", True),
-            dequant_threshold=threshold,
+            dequant_threshold=config.get("dequant_threshold", ops.AUTO_NAME),
             direct_dequant=_flag(config, "direct_dequant", True),
             modules_to_not_convert=skip,
-            dequant_workspace_mb=workspace,
+            dequant_workspace_mb=config.get("dequant_workspace_mb", ops.DEFAULT_WORKSPACE_MB),
             quantize_vision=_flag(config, "quantize_vision", None),
         )
 
@@ -211,10 +201,6 @@ class CpuInt4Config(QuantizationConfig):
                 return UnquantizedLinearMethod()
             return CpuInt4LinearMethod(self, prefix)
         return None
-
-
-def _is_int(value: Any, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 def _flag(config: dict[str, Any], key: str, default: bool | None) -> bool | None:

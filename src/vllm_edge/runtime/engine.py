@@ -122,8 +122,6 @@ def thread_count(cores: list[int]) -> tuple[int, str]:
 
     asked = envs.get("VLLM_EDGE_THREADS")
     if asked is not None:
-        if asked < 1:
-            raise ValueError(f"VLLM_EDGE_THREADS={asked}: needs at least 1 thread")
         if asked > len(cores):
             return len(cores), (f"VLLM_EDGE_THREADS={asked} capped to the {len(cores)} allowed "
                                 f"cores {cores}: more threads than cores only wait on each other")

@@ -74,14 +74,17 @@ def select_weight_path(profile: Any, priority: str = "speed") -> WeightPath:
         reasons.append("priority fidelity: W4A16 keeps activations in bf16, W4A8 also rounds "
                        "them to int8; bf16 weights are opt-in with --quant none")
         path = WeightPath("cpu_int4", reasons)
-    elif amx:
+    elif amx and not isa.get("avx512_bf16"):
         reasons.append("x86 with AMX (amx_tile, amx_int8) and priority speed: vLLM's W4A8 kernel "
                        "int4_scaled_mm_cpu runs a symmetric GPTQ checkpoint on the AMX tiles "
                        "(VLLM_CPU_INT4_W4A8 defaults to on)")
         reasons.append("not measured by this project: no AMX machine was available")
         path = WeightPath("gptq_w4a8", reasons, verified=False)
     else:
-        if isa.get("amx_tile"):
+        if amx:
+            reasons.append("x86 with AMX and AVX512-BF16: cpu_int4's native product, which this "
+                           "project has measured, rather than vLLM's W4A8 kernel, which it has not")
+        elif isa.get("amx_tile"):
             reasons.append("AMX tiles without amx_int8: the W4A8 kernel needs int8 tiles")
         else:
             reasons.append("x86 without AMX: vLLM's W4A8 kernel is AMX-only; without it vLLM runs GPTQ "

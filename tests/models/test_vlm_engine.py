@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from support.cli_runner import run_cli
+from support.hosts import AMX_NUMERICS, amx_host
 from vllm_edge.common.jsonline import last_json_line
 
 pytestmark = pytest.mark.slow
@@ -98,6 +99,7 @@ def test_same_prompt_tokens(vllm_bf16, hf, bf16_dir):
     assert vllm_bf16["prompt_token_ids"].count(cfg["image_token_id"]) == 64  # one 512-pixel tile
 
 
+@pytest.mark.xfail(amx_host(), reason=AMX_NUMERICS, strict=False)
 def test_bf16_greedy_16_tokens_are_transformers_argmax(vllm_bf16, hf):
     """Every one of vLLM's 16 greedy tokens is transformers' argmax on the same prefix
     (fp32 compute on the bf16 weights: the reference without bf16 rounding ties)."""
@@ -106,6 +108,7 @@ def test_bf16_greedy_16_tokens_are_transformers_argmax(vllm_bf16, hf):
     assert hf["fp32"].argmax(-1).tolist() == toks
 
 
+@pytest.mark.xfail(amx_host(), reason=AMX_NUMERICS, strict=False)
 def test_bf16_greedy_agrees_with_transformers_bf16(vllm_bf16, hf):
     """Against transformers in bf16: vLLM's token is its top-1, or a near-tie within
     0.1 nats of it. Measured: 14/16 exact; steps 7 and 10 are ties of 0.06 and 0.00 nats
@@ -117,6 +120,7 @@ def test_bf16_greedy_agrees_with_transformers_bf16(vllm_bf16, hf):
     assert sum(g == 0 for g in gaps) >= TOKENS - 2, gaps
 
 
+@pytest.mark.xfail(amx_host(), reason=AMX_NUMERICS, strict=False)
 def test_bf16_first_token_logprobs_match_transformers(vllm_bf16, hf):
     v = {int(k): lp for k, lp in vllm_bf16["first_logprobs"].items()}
     d32 = [abs(lp - float(hf["fp32"][0, k])) for k, lp in v.items()]

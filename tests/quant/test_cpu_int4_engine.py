@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from support.hosts import AMX_NUMERICS, amx_host
+
 pytestmark = pytest.mark.slow
 
 SYSTEM = "You are a helpful assistant."
@@ -57,6 +59,7 @@ def test_first_tokens_agree_with_bf16(smollm2_runs):
     assert agree >= len(ref) // 2  # round-to-nearest keeps most first tokens; a broken kernel gives ~0
 
 
+@pytest.mark.xfail(amx_host(), reason=AMX_NUMERICS, strict=False)
 def test_paris(smollm2_runs):
     ref, cand, _ = smollm2_runs
     assert "Paris" in ref[0][1]  # the bf16 build answers it

@@ -12,6 +12,8 @@ import json
 import pytest
 import torch
 
+from support.hosts import AMX_NUMERICS, amx_host
+
 pytestmark = pytest.mark.slow
 
 MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
@@ -96,6 +98,7 @@ def test_loads_through_the_in_tree_cpu_gptq_path(gptq_run):
     assert layers["embed"] == "UnquantizedEmbeddingMethod"  # the head is quantized, untied
 
 
+@pytest.mark.xfail(amx_host(), reason=AMX_NUMERICS, strict=False)
 def test_first_token_matches_the_dequantized_reference(gptq_run):
     first, _, _, ref = gptq_run
     token = first.token_ids[0]

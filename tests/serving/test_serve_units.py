@@ -173,7 +173,7 @@ def test_plan_for_the_vlm_gates_images(monkeypatch, vlm_int4_dir):
     assert p.describe["image_limits"]["max_images"] == 3
     assert any(line.startswith("image gate: ") for line in p.lines)
     monkeypatch.setenv("VLLM_EDGE_MAX_IMAGES", "-1")
-    with pytest.raises(ValueError, match="VLLM_EDGE_MAX_IMAGES=-1"):
+    with pytest.raises(ValueError, match="VLLM_EDGE_MAX_IMAGES='-1': must be at least 1"):
         serve.plan("smolvlm-135m")
 
 

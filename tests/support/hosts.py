@@ -11,5 +11,5 @@ def amx_host() -> bool:
 
 
 # Found when CI moved to an AMX Xeon; not yet explained, so recorded rather than loosened.
-AMX_NUMERICS = ("on this AMX host vLLM's output drifts from the reference beyond the tolerance "
-                "measured on the EPYC host; under investigation (see the closing note)")
+AMX_NUMERICS = ("on an AMX host vLLM's output drifts from the reference beyond the tolerance "
+                "measured on the EPYC host; not yet explained")

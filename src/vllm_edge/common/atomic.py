@@ -115,15 +115,16 @@ def check_destination(final: str | os.PathLike, *, kind: str | None = None,
             raise DestinationError(f"{final}: the destination contains the input {src}, "
                                    "which replacing it would delete; write the result elsewhere")
     if final.exists() or final.is_symlink():
-        if final.is_dir() and not final.is_symlink():
-            entries = list(final.iterdir())
+        entries = list(final.iterdir()) if final.is_dir() and not final.is_symlink() else None
+        if entries is not None:
             ours = not entries or (kind is not None and kind_of(final) == kind)
         else:
             ours = is_ours is not None and final.is_file() and is_ours(final)
         if not ours and not force:
-            what = (f"a directory with {len(list(final.iterdir()))} entries that is not a "
+            listed = entries if entries is not None else list(final.iterdir()) if final.is_dir() else None
+            what = (f"a directory with {len(listed)} entries that is not a "
                     f"vllm-edge {kind or ''} build".replace("  ", " ")
-                    if final.is_dir() else "a file vllm-edge did not write")
+                    if listed is not None else "a file vllm-edge did not write")
             raise DestinationError(f"{final}: exists and is {what}; choose another path, or "
                                    "pass --force to replace it")
     parent = final.parent

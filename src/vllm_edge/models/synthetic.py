@@ -173,7 +173,6 @@ def build(out: str | Path, shape: Shape, *, tokenizer_from: str | Path, seed: in
     shards = _shards(shape, max_shard_bytes)
     names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     weight_map: dict[str, str] = {}
-    atomic.check_destination(out, kind=KIND, inputs=[tok_dir], force=force)
     with atomic.directory(out, kind=KIND, inputs=[tok_dir], force=force) as tmp, tqdm(total=shape.parameters, unit="param", unit_scale=True,
                                             desc=f"synthetic {out.name}", disable=not progress) as bar:
         for fname, shard in zip(names, shards):

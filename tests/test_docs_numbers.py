@@ -120,9 +120,12 @@ def test_results_md_is_generated_only(monkeypatch, no_plots):
 def test_comparisons_md_is_generated_only(monkeypatch, no_plots):
     monkeypatch.chdir(REPO)
     doc = Path(compare.DEFAULT_DOC)
-    out = Path(RESULTS) / "compare"
-    body, _ = compare.render(out, doc, str(out))
-    want = report.splice(compare.NEW_DOC, body, compare.BEGIN, compare.END)
+    want = compare.NEW_DOC
+    for synthetic_1b, name in ((False, "compare"), (True, "compare_1b")):
+        out = Path(RESULTS) / name
+        if (out / "speed" / "summary.json").exists():
+            body, _ = compare.render(out, doc, str(out))
+            want = report.splice(want, body, *compare.markers(synthetic_1b))
     bad = _diff(doc.read_text(), want)
     assert not bad, ("docs/results/comparisons.md differs from `vllm-edge compare --render-only`'s "
                      "output:\n" + "\n".join(bad))

@@ -14,6 +14,8 @@ import pytest
 from vllm_edge.bench import compare, speed
 from vllm_edge.bench.grid import runner as grid
 from vllm_edge.common import stats
+from vllm_edge.common.errors import UsageError
+from vllm_edge.quant.groups import DEFAULT_GROUP
 
 # What llama.cpp arms printed before they decoded batches (old artifacts must still render).
 OLD_BATCH_NOTE = "unsupported in llama-cpp-python's API"
@@ -67,8 +69,29 @@ def test_builds_derive_from_one_bf16_directory():
     assert b["llamacpp-Q4_0"].name == "smollm2-135m.bf16.Q4_0.gguf"
     assert b["llamacpp-BF16"].parent == b["llamacpp-Q8_0"].parent
     s = compare.builds(synthetic_1b=True)
-    assert s["vllm-bf16"].name == "synthetic-llama-1b" and s["vllm-cpu_int4"].name == "synthetic-llama-1b-cpu_int4-g64"
+    assert s["vllm-bf16"].name == "synthetic-llama-1b"
+    # the default group and g64, each its own arm
+    assert s["vllm-cpu_int4"].name == f"synthetic-llama-1b-cpu_int4-g{DEFAULT_GROUP}"
+    assert s["vllm-cpu_int4-g64"].name == "synthetic-llama-1b-cpu_int4-g64"
+    assert "vllm-cpu_int4-g64" not in b
     assert s["llamacpp-Q4_K_M"].name == "synthetic-llama-1b.bf16.Q4_K_M.gguf"
+
+
+def test_arm_selection_names_unknown_arms():
+    b = compare.builds("default")
+    assert list(compare.select(b, ["vllm-cpu_int4", "llamacpp-Q4_K_M"])) == ["vllm-cpu_int4", "llamacpp-Q4_K_M"]
+    with pytest.raises(UsageError, match="vllm-cpu_int4-g64"):
+        compare.select(b, ["vllm-cpu_int4-g64"])
+
+
+def test_the_1b_section_is_spliced_apart_from_smollm2(tmp_path, monkeypatch):
+    doc = tmp_path / "c.md"
+    doc.write_text("# Old page\n\n" + compare.BEGIN + "\nsmol\n" + compare.END + "\n")
+    monkeypatch.setattr(compare, "render", lambda out, d, shown: ("ONE-B\n", []))
+    compare.write_doc(tmp_path, doc, synthetic_1b=True)
+    text = doc.read_text()
+    assert "smol" in text and "ONE-B" in text
+    assert text.index(compare.BEGIN_1B) < text.index("ONE-B") < text.index(compare.END_1B)
 
 
 def _s(values: list[float], metric: str) -> dict:

@@ -33,3 +33,10 @@ class BenchWorkerExtension(EdgeWorkerExtension):
                 modules += list(sampler.modules())
             self._edge_profile_hooks, counts = install_marks(modules)
         return {"pid": os.getpid(), "groups": counts}
+
+    def vllm_edge_int4_dispatch(self, calls: int = 2000) -> dict | None:
+        """Microseconds per call of the cpu_int4 linear at one row on the model's first int4
+        layer, through each layer of its call path; None when the model has no such layer."""
+        from vllm_edge.bench.step import int4_dispatch
+
+        return int4_dispatch(self.model_runner.get_model(), calls)

@@ -35,6 +35,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--tg-tokens", type=int, default=128)
     p.add_argument("--skip-fidelity", action="store_true")
+    p.add_argument("--arms", default=None, metavar="A,B,...",
+                   help="run only these arms (names as in the tables: vllm-bf16, vllm-cpu_int4, "
+                        "vllm-cpu_int4-g64 (1B only), llamacpp-BF16, llamacpp-Q4_K_M, llamacpp-Q4_0, "
+                        "llamacpp-Q8_0); fidelity needs every arm and is skipped")
+    p.add_argument("--quick", action="store_true",
+                   help="the 4-bit arms only (" + ", ".join(compare.QUICK_ARMS) + "; those that exist "
+                        "for the model), no fidelity: one sitting, the 1B included")
     p.add_argument("--fidelity-greedy-tokens", type=int, default=compare.FIDELITY_GREEDY_TOKENS,
                    help="greedy tokens per prompt, both engines (default %(default)s)")
     p.add_argument("--fidelity-chunks", type=int, default=compare.FIDELITY_CHUNKS,
@@ -45,7 +52,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait-lock", action="store_true", help="queue behind a running measurement")
     p.add_argument("--lock-file", default=None, help="advisory host lock (default: the grid's)")
     p.add_argument("--smoke", action="store_true", help="mark the document as a pipeline smoke, not results")
-    add_out(p, default=compare.DEFAULT_OUT, help="artifact directory (default %(default)s)")
+    add_out(p, default=None, help=f"artifact directory (default {compare.DEFAULT_OUT}, "
+                                  f"or {compare.DEFAULT_OUT_1B} with --synthetic-1b)")
     p.add_argument("--doc", default=compare.DEFAULT_DOC, help="markdown file to update (default %(default)s)")
     p.add_argument("--render-only", action="store_true", help="redraw --doc from --out without measuring")
 
@@ -58,10 +66,11 @@ def run(args: argparse.Namespace) -> int:
     from vllm_edge.cli.args import reported
     from vllm_edge.common import pinning
 
-    out_dir, doc = Path(args.out), Path(args.doc)
+    out_dir = Path(args.out or (compare.DEFAULT_OUT_1B if args.synthetic_1b else compare.DEFAULT_OUT))
+    doc = Path(args.doc)
     if args.render_only:
         with reported(FileNotFoundError):
-            res = compare.write_doc(out_dir, doc)
+            res = compare.write_doc(out_dir, doc, synthetic_1b=args.synthetic_1b)
         print(json.dumps(res))
         return 0
     if not llamacpp_runner.available():
@@ -72,7 +81,11 @@ def run(args: argparse.Namespace) -> int:
     if min(args.passes, args.reps, args.fidelity_greedy_tokens, args.fidelity_chunks) < 1:
         raise speed.SpeedArgError("--passes, --reps, --fidelity-greedy-tokens and --fidelity-chunks "
                                   "must be at least 1")
-    paths = compare.prepare(args.model, args.synthetic_1b)
+    arms = args.arms.split(",") if args.arms else None
+    if args.quick:
+        every = compare.builds(args.model, args.synthetic_1b)
+        arms = [a for a in compare.QUICK_ARMS if a in every and (arms is None or a in arms)]
+    paths = compare.prepare(args.model, args.synthetic_1b, arms=arms)
     missing = [f"{k}: {v}" for k, v in paths.items() if not v.exists()]
     if missing:
         raise EdgeError("missing builds:\n  " + "\n  ".join(missing))
@@ -80,11 +93,11 @@ def run(args: argparse.Namespace) -> int:
         else "vllm-edge compare"
     res = compare.run(paths, out_dir=out_dir, doc=doc, passes=args.passes, reps=args.reps,
                       threads=len(cores), cores=cores, batch=args.batch, prompt_len=args.prompt_len,
-                      tg_tokens=args.tg_tokens, fidelity=not (args.skip_fidelity or args.synthetic_1b),
+                      tg_tokens=args.tg_tokens, fidelity=not (args.skip_fidelity or args.synthetic_1b or arms),
                       allow_busy=args.allow_busy, enforce_eager=args.enforce_eager,
                       greedy_tokens=args.fidelity_greedy_tokens, chunks=args.fidelity_chunks,
                       lock_path=args.lock_file, wait_lock=args.wait_lock, command=command,
-                      smoke=args.smoke)
+                      smoke=args.smoke, synthetic_1b=args.synthetic_1b)
     print(grid.format_summary(res["speed"]), file=sys.stderr)
     print(f"wrote {res['doc']} and {', '.join(res['plots'])}; artifacts in {out_dir}", file=sys.stderr)
     failed = {a: c["failed"] for s in (res["speed"], res["fidelity"]) if s for a, c in s["runs"].items()

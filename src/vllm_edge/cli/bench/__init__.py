@@ -12,7 +12,7 @@ GROUP = True
 SUBCOMMANDS = {name: f"vllm_edge.cli.bench.{module}" for name, module in (
     ("aot-cache", "aot_cache"), ("init-memory", "init_memory"), ("ledger", "ledger"),
     ("soak", "soak"), ("plugin-import", "plugin_import"), ("rmsnorm", "rmsnorm"),
-    ("speed", "speed"), ("profile", "profile"), ("llamacpp", "llamacpp"),
+    ("speed", "speed"), ("profile", "profile"), ("step", "step"), ("llamacpp", "llamacpp"),
     ("llamacpp-fidelity", "llamacpp_fidelity"), ("int4-micro", "int4_micro"),
 )}
 

@@ -95,8 +95,12 @@ def test_doctor_names_the_cpu_int4_kernels():
     kernels = json.loads(proc.stdout)["cpu_int4_kernels"]
     product = {"avx512_bf16", "avx512vbmi"} <= set(native._cpu_flags().split())
     assert kernels["small_batches"].startswith("native product" if product else "tinygemm")
+    assert kernels["native_op"]  # its state, reported without building it
+    assert not kernels["native_op"].startswith("loaded")
     off = run_cli("doctor", env={"VLLM_EDGE_INT4_GEMV": "0"}, timeout=300)
     assert "cpu_int4 kernels: batches up to the dequantization threshold -> tinygemm" in off.stdout
+    off = run_cli("doctor", env={"VLLM_EDGE_INT4_NATIVE_OP": "0"}, timeout=300)
+    assert "cpu_int4 native op (vllm_edge::int4_gemv): off (VLLM_EDGE_INT4_NATIVE_OP=0)" in off.stdout
 
 
 def test_doctor_fails_naming_a_bad_environment_variable():

@@ -147,6 +147,8 @@ def render(report: dict[str, Any]) -> str:
     if kernels:
         lines.append(f"cpu_int4 kernels: batches up to the dequantization threshold -> {kernels['small_batches']}; "
                      f"larger -> {kernels['large_batches']}")
+        if kernels.get("native_op"):
+            lines.append(f"cpu_int4 native op (vllm_edge::int4_gemv): {kernels['native_op']}")
     edge = report.get("edge_mode") or {}
     lines.append("edge mode (what `run` and `serve` choose for the default model):")
     if "error" in edge:

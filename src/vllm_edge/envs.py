@@ -136,6 +136,17 @@ _declare(
     "(benchmarks/results/cpu_int4_microbench_product_g{32,64}.json); the 1B grid "
     "(benchmarks/results/grid/int4_1b/summary.json) runs both settings side by side.",
 )
+_declare(
+    "VLLM_EDGE_INT4_NATIVE_OP", "bool", True,
+    "cpu_int4: layers whose every batch runs the native product (bf16, N % 64 == 0, K % 32 == 0, "
+    "dequant_threshold \"auto\" or prefill_dequant off, no plain copy) call the C++ dispatcher op "
+    "torch.ops.vllm_edge.int4_gemv (quant/csrc/int4_op.cpp, built on first use and cached under "
+    "VLLM_EDGE_HOME/kernels) instead of the Python custom op and ctypes. 0, or a failed build, "
+    "keeps the Python op. It changes the compiled graph and is not part of vLLM's compile-cache "
+    "key: flip it with a fresh VLLM_CACHE_ROOT (either graph runs correctly). Read once per process.",
+    "On: same kernel, bit-identical output, without the Python round trip per call "
+    "(tests/quant/test_native_op.py). Decode-step A/B: benchmarks/results/step/.",
+)
 
 # --- names owned by other projects that we read -----------------------------
 _declare(

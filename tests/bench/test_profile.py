@@ -57,6 +57,8 @@ def test_module_group_on_vllm_classes():
 def test_name_rules():
     assert profile.name_group("vllm::edge_cpu_int4_linear") == "linear"
     assert profile.name_group("edge_int4_dequant") == "linear"
+    assert profile.name_group("vllm_edge::int4_gemv") == "linear"
+    assert profile.name_group("edge_int4_product") == "linear"
     assert profile.name_group("aten::_weight_int4pack_mm_for_cpu") == "linear"
     assert profile.name_group("_C::onednn_mm") == "linear"
     assert profile.name_group("vllm::edge_cpu_int4_embedding") == "embed_head"

@@ -28,3 +28,17 @@ def vllm_dist(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def native_op_loaded():
+    """The C++ op's kernel, built once (cached under VLLM_EDGE_HOME/kernels) and loaded; skips
+    where the native product does not run (the op is only built where it does)."""
+    from vllm_edge.quant import native, native_op, ops
+
+    if not {"avx512_bf16", "avx512vbmi"} <= set(native._cpu_flags().split()):
+        pytest.skip("this CPU lacks AVX512-BF16 or VBMI: no native product, so no native op")
+    ops.register()
+    if not native_op.load():
+        pytest.fail(f"the native op did not load here ({native_op.state()}); g++ is installed on this host")
+    return native_op

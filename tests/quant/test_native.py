@@ -265,3 +265,22 @@ def test_gemv_switch_off_means_tinygemm(monkeypatch):
         assert native.gemv(torch.randn(1, 256, dtype=torch.bfloat16), p, sz, kg) is None
     finally:
         native.gemv_supported.cache_clear()
+
+
+def test_profiler_ranges_only_while_a_profiler_runs(lib, monkeypatch):
+    """record_function dispatches profiler ops even with no profiler on: not on the hot path."""
+    from torch.profiler import ProfilerActivity, profile
+
+    p, sz, kg = packed_weights(256, 512, 64)[:3]
+    x = torch.randn(64, 512, dtype=torch.bfloat16)
+    real = torch.profiler.record_function
+    monkeypatch.setattr(torch.profiler, "record_function",
+                        lambda name: pytest.fail(f"range {name} opened with no profiler running"))
+    native.gemv(x[:2], p, sz, kg)
+    native.linear(x, p, sz, kg, 32 << 20)
+    monkeypatch.setattr(torch.profiler, "record_function", real)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        native.linear(x, p, sz, kg, 32 << 20)
+        product = native.gemv(x[:2], p, sz, kg) is not None
+    names = {e.key for e in prof.key_averages()}
+    assert "edge_int4_dequant" in names and ("edge_int4_product" in names) == product

@@ -55,8 +55,8 @@ GROUP_HELP = {
 NAME_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("attention", ("attention", "attn", "reshape_and_cache", "rotary")),
     ("embed_head", ("int4_embedding", "aten::embedding", "logits")),
-    ("linear", ("int4_linear", "int4_dequant", "int4pack_mm", "onednn_mm", "weight_packed_linear",
-                "aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul")),
+    ("linear", ("int4_linear", "int4_dequant", "int4_gemv", "int4_product", "int4pack_mm", "onednn_mm",
+                "weight_packed_linear", "aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul")),
     ("norm", ("rms_norm", "layer_norm")),
     ("activation", ("silu", "gelu", "and_mul")),
     ("sampling", ("sample", "argmax", "topk", "top_k", "top_p")),

@@ -12,6 +12,10 @@ Runtime modes, chosen once per layer in ``process_weights_after_loading``:
   ``direct_dequant`` is off or the kernel layout changed);
 - ``fallback``: shapes tinygemm cannot take (N not a multiple of 16, no kernel group
   size dividing K); always dequantize-then-GEMM from the plain layout. Logged once.
+
+In ``tinygemm`` mode a layer whose every batch runs the native product calls the C++ op
+``vllm_edge::int4_gemv`` (``cpu_int4_native_op``, decided at load by ``ops.native_op_for``);
+the others call the Python op, which routes by row count.
 """
 
 from __future__ import annotations
@@ -171,6 +175,7 @@ class Int4WeightsMixin:
         layer.cpu_int4_threshold = cfg.effective_threshold
         layer.cpu_int4_group = cfg.group_size
         layer.cpu_int4_workspace_mb = cfg.dequant_workspace_mb
+        layer.cpu_int4_native_op = False
         if not ok:
             layer.cpu_int4_mode = "fallback"
             log_once(f"fallback:{why}", "cpu_int4: %s uses dequantize-then-GEMM (%s); "
@@ -196,6 +201,9 @@ class Int4WeightsMixin:
         pack.repack_(packed)
         layer.register_parameter("weight_sz", Parameter(sz, requires_grad=False))
         layer.cpu_int4_kgroup = kgroup
+        if not keep_plain:
+            layer.cpu_int4_native_op = ops.native_op_for(packed, sz, kgroup, layer.cpu_int4_threshold,
+                                                          self.params_dtype)
 
     def matmul(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         mode = layer.cpu_int4_mode
@@ -203,6 +211,10 @@ class Int4WeightsMixin:
             w = pack.dequantize_plain(layer.weight_packed, layer.weight_scale, layer.weight_zero,
                                       layer.cpu_int4_group, dtype=x.dtype)
             return torch.nn.functional.linear(x, w, bias)
+        if layer.cpu_int4_native_op and x.dtype == torch.bfloat16:  # static for a compiled graph
+            out = torch.ops.vllm_edge.int4_gemv.default(x, layer.weight_packed, layer.weight_sz,
+                                                        layer.cpu_int4_kgroup)
+            return out if bias is None else out + bias
         plain = (layer.weight_plain, layer.weight_scale, layer.weight_zero) if mode == "tinygemm+plain" else (None, None, None)
         return ops.int4_linear(x, layer.weight_packed, layer.weight_sz, layer.cpu_int4_kgroup,
                                layer.cpu_int4_threshold, *plain, layer.cpu_int4_group, bias=bias,

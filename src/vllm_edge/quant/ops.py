@@ -7,6 +7,10 @@ with the row count; above the threshold a dequantize-then-bf16-GEMM pays the unp
 once. The choice depends on the row count, and it is made *inside* an opaque custom op so
 dynamo never specialises or guards on the batch size. The fake impl only computes the
 output shape.
+
+A layer whose every batch runs the native product calls ``torch.ops.vllm_edge.int4_gemv``
+instead (``native_op.py``: a C++ kernel, no Python between the dispatcher and the C product);
+:func:`native_op_for` decides once per layer, at load.
 """
 
 import threading
@@ -14,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from vllm_edge.quant import native, pack
+from vllm_edge.quant import native, native_op, pack
 
 OP_NAME = "edge_cpu_int4_linear"
 EMBED_OP_NAME = "edge_cpu_int4_embedding"
@@ -56,6 +60,7 @@ def describe() -> dict:
                           "native dequantize + bf16 GEMM" if lib is not None else
                           "torch-op dequantize + bf16 GEMM"),
         "auto_threshold_rows": None if threshold == NEVER else threshold,
+        "native_op": native_op.state(),
     }
 
 
@@ -107,6 +112,28 @@ def int4_embedding_impl(ids: torch.Tensor, packed: torch.Tensor, scales_zeros: t
     return rows.view(*ids.shape, k)
 
 
+def _int4_gemv_fallback(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
+                        group_size: int) -> torch.Tensor:
+    """``vllm_edge::int4_gemv`` where its C++ kernel is not loaded (a graph compiled by a
+    process that had it): the Python op's routes."""
+    return int4_linear_impl(x, packed, scales_zeros, group_size, AUTO)
+
+
+def native_op_for(packed: torch.Tensor, scales_zeros: torch.Tensor, group_size: int,
+                  dequant_threshold: int, dtype: torch.dtype) -> bool:
+    """Whether a layer (no plain copy) calls ``vllm_edge::int4_gemv``: its route must be the
+    product at every batch size (threshold "auto" or NEVER, bf16, N % 64 == 0, K and the group
+    multiples of 32, contiguous tensors) and the C++ kernel must load here (built on first
+    use; ``native_op.load``)."""
+    n, k = packed.shape[0], scales_zeros.shape[0] * group_size
+    if (dtype != torch.bfloat16 or scales_zeros.dtype != torch.bfloat16
+            or dequant_threshold not in (AUTO, NEVER) or n % 64 or k % 32 or group_size % 32
+            or not (packed.is_contiguous() and scales_zeros.is_contiguous())):
+        return False
+    register()
+    return native_op.load()
+
+
 def _embedding_fake(ids: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
                     group_size: int) -> torch.Tensor:
     return ids.new_empty((*ids.shape, scales_zeros.shape[0] * group_size), dtype=scales_zeros.dtype)
@@ -123,6 +150,7 @@ def register() -> None:
         direct_register_custom_op(OP_NAME, int4_linear_impl, mutates_args=[], fake_impl=_fake)
         direct_register_custom_op(EMBED_OP_NAME, int4_embedding_impl, mutates_args=[],
                                   fake_impl=_embedding_fake)
+        native_op.define(_int4_gemv_fallback)
         _registered = True
 
 

@@ -284,3 +284,14 @@ def test_profiler_ranges_only_while_a_profiler_runs(lib, monkeypatch):
         product = native.gemv(x[:2], p, sz, kg) is not None
     names = {e.key for e in prof.key_averages()}
     assert "edge_int4_dequant" in names and ("edge_int4_product" in names) == product
+
+
+def test_an_unwritable_kernel_cache_falls_back_instead_of_failing(tmp_path, monkeypatch):
+    blocker = tmp_path / "home"
+    blocker.write_text("a file where the cache directory should be")
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(blocker))
+    native.library.cache_clear()
+    try:
+        assert native.library() is None
+    finally:
+        native.library.cache_clear()

@@ -46,6 +46,8 @@ from pathlib import Path
 import torch
 from torch.autograd import profiler as _profiler
 
+from vllm_edge.common.errors import EdgeError
+
 logger = logging.getLogger("vllm_edge.quant")
 SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("int4_dequant.c", "int4_gemv.c"))
 BLOCK_N = 64
@@ -110,7 +112,7 @@ def library() -> ctypes.CDLL | None:
             if not path.exists():
                 _build(cc, flags, path)
             lib = ctypes.CDLL(str(path))
-        except (OSError, subprocess.SubprocessError) as exc:
+        except (OSError, subprocess.SubprocessError, EdgeError) as exc:  # EdgeError: cache not writable
             err = getattr(exc, "stderr", "") or str(exc)
             errors.append(f"{' '.join(flags)}: {err.strip()[-300:]}")
             continue

@@ -17,7 +17,7 @@ PACKAGE = SRC / "vllm_edge"
 # Layer of each top-level name under vllm_edge; a module may import its own layer or below.
 LAYERS = {
     "common": 0, "envs": 0, "data": 0,
-    "plugin": 1, "patches": 1, "quant": 1, "kernels": 1, "runtime": 1, "models": 1,
+    "plugin": 1, "patches": 1, "quant": 1, "kernels": 1, "attention": 1, "runtime": 1, "models": 1,
     "serving": 1, "doctor": 1,
     "bench": 2, "agent": 2,
     "cli": 3,

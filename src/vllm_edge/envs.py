@@ -84,6 +84,16 @@ _declare(
     "contains </tool_call> is lost without the patch; benchmarks/results/toolcalls/.",
 )
 _declare(
+    "VLLM_EDGE_FUSED_KV_ATTENTION", "bool", True,
+    "Override vLLM's CPU attention backend (CPU_ATTN, through its backend registry) with one "
+    "whose forward writes the KV cache and attends in one custom op per layer, instead of "
+    "unified_kv_cache_update plus unified_attention_with_output (attention/cpu_fused.py). "
+    "Same C kernels; also keys vLLM's compile cache. 0 leaves vLLM's backend.",
+    "On pending the end-to-end A/B (benchmarks/results/step/), which may flip it: upstream "
+    "split the two ops on purpose. tests/attention/test_cpu_fused_engine.py: same greedy tokens "
+    "as the stock backend and no unified_kv_cache_update call.",
+)
+_declare(
     "VLLM_EDGE_LOG_LEVEL", "str", "INFO",
     "Log level of the vllm_edge logger.",
     "INFO shows patch states once per process, which is what a user needs to "

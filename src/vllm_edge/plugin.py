@@ -42,9 +42,9 @@ def register() -> None:
         from vllm_edge import patches
 
         loaded = patches.load_all()
-        from vllm_edge import kernels, quant
+        from vllm_edge import attention, kernels, quant
 
-        for reg in [*quant.register(), *kernels.register()]:
+        for reg in [*quant.register(), *kernels.register(), *attention.register()]:
             if reg not in _registrations:
                 _registrations.append(reg)
         _registered_pid = os.getpid()
@@ -80,6 +80,7 @@ def process_report() -> dict:
         "aot_noop_attached": list(aot_cache.attached),
         "arena_releases": [r.to_dict() for r in memory.history],
         "registrations": [r.name for r in _registrations],
+        "registration_states": {r.name: r.state for r in _registrations},
         "ir_priority": _ir_priority(),
     }
     try:  # proves "compiled nothing" vs "loaded the cached artifact"

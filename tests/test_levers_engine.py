@@ -1,4 +1,6 @@
-"""The KV-budget and arena-release patches change real allocations (one-process engine)."""
+"""The KV-budget and arena-release patches change real allocations, and the per-step patches
+(greedy sampler, slot-mapping binding) carry a real decode without changing its tokens
+(one-process engine)."""
 
 from __future__ import annotations
 
@@ -35,7 +37,9 @@ def runs(default_model_dir):
     return {
         "patched": _probe(default_model_dir, legacy),
         "unpatched": _probe(default_model_dir, {**legacy, "VLLM_EDGE_PATCH_KV_BUDGET": "0",
-                                                "VLLM_EDGE_PATCH_ARENA_RELEASE": "0"}),
+                                                "VLLM_EDGE_PATCH_ARENA_RELEASE": "0",
+                                                "VLLM_EDGE_PATCH_GREEDY_SAMPLER": "0",
+                                                "VLLM_EDGE_PATCH_SLOT_MAPPING_BIND": "0"}),
     }
 
 
@@ -69,4 +73,29 @@ def test_arena_release_runs_in_the_worker_and_logs_rss(runs):
 
 def test_both_arms_generate(runs):
     assert runs["patched"]["text"] == runs["unpatched"]["text"]
+    assert runs["patched"]["token_ids"] == runs["unpatched"]["token_ids"]
     assert "Paris" in runs["patched"]["text"]
+
+
+def test_greedy_decode_runs_on_the_fast_sampler(runs):
+    steps = runs["patched"]["worker"]["greedy_sampler_steps"]
+    assert runs["patched"]["worker"]["patches"]["greedy_sampler"] == "applied"
+    assert steps["fast"] >= len(runs["patched"]["token_ids"])  # every generated token
+    assert runs["unpatched"]["worker"]["greedy_sampler_steps"] == {"fast": 0, "original": 0}
+
+
+def _launch_binds(run: dict) -> int:
+    # kernel_launcher's wrapper, the one that binds the slot-mapping launch
+    return sum(f.endswith("model_executor/warmup/jit_warmup.py") for f in run["binds_in_generate"])
+
+
+def test_no_signature_bind_per_step_with_the_slot_mapping_patch(runs):
+    patched, unpatched = runs["patched"], runs["unpatched"]
+    assert patched["worker"]["slot_mapping_fast_calls"] >= len(patched["token_ids"])
+    assert _launch_binds(patched) == 0
+    assert _launch_binds(unpatched) >= len(unpatched["token_ids"])  # one per step without it
+
+
+def test_vllm_still_freezes_the_startup_heap(runs):
+    # why the edge mode adds no GC lever of its own (docs/design/patches.md)
+    assert runs["patched"]["worker"]["gc_frozen_objects"] > 10_000

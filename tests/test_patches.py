@@ -26,7 +26,7 @@ def fake_module(monkeypatch):
     return mod
 
 
-def _patch(target: str, fixed=lambda o, a, c: False) -> Patch:
+def _patch(target: str | tuple[str, ...], fixed=lambda o, a, c: False) -> Patch:
     return Patch(
         name="fake", target=target, reason="r", fixed_when="f", env_switch="VLLM_EDGE_PATCH_AOT_CACHE",
         is_fixed_upstream=fixed, make_replacement=lambda o, a, cur: (lambda self: "patched"),
@@ -67,6 +67,23 @@ def test_target_missing_is_loud(fake_module, caplog, target):
     assert any("'fake'" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
 
 
+def test_a_target_of_the_wrong_shape_is_loud_and_nothing_is_replaced(fake_module, caplog):
+    fake_module.Engine.other = lambda self: "upstream other"
+
+    def replace(owner, attr, current):
+        if attr == "other":
+            raise LookupError("other no longer has the shape this patch needs")
+        return lambda self: "patched"
+
+    p = _patch(("fake_upstream:Engine.buggy", "fake_upstream:Engine.other"))
+    p.make_replacement = replace
+    with caplog.at_level(logging.WARNING, logger="vllm_edge.patches"):
+        patches._apply(p)
+    assert p.state is State.TARGET_MISSING and "shape" in p.detail
+    assert fake_module.Engine().buggy() == "upstream"  # all or nothing
+    assert any("'fake'" in r.getMessage() for r in caplog.records)
+
+
 def test_load_all_is_idempotent_and_states_never_change(monkeypatch):
     first = {p.name: p.state for p in patches.load_all()}
     replaced = sys.modules["vllm.compilation.decorators"]._try_load_aot_compiled_fn
@@ -75,7 +92,8 @@ def test_load_all_is_idempotent_and_states_never_change(monkeypatch):
     second = {p.name: p.state for p in patches.load_all()}
     assert first == second == {"aot_cache": State.APPLIED, "kv_budget": State.APPLIED,
                                "arena_release": State.APPLIED,
-                               "hermes_json_end": State.APPLIED, "amx_attention": State.APPLIED}
+                               "hermes_json_end": State.APPLIED, "amx_attention": State.APPLIED,
+                               "greedy_sampler": State.APPLIED, "slot_mapping_bind": State.APPLIED}
     assert sys.modules["vllm.compilation.decorators"]._try_load_aot_compiled_fn is replaced
     assert getattr(replaced, "__vllm_edge_patch__", None) == "aot_cache"
 

@@ -37,7 +37,8 @@ def test_vllm_loads_the_plugin_and_it_is_reentrant():
         " 'same_fn': fn is d._try_load_aot_compiled_fn, 'registered': second['registered']}))\n"
     )
     assert out["first"] == {"aot_cache": "applied", "kv_budget": "applied", "arena_release": "applied",
-                            "hermes_json_end": "applied", "amx_attention": "applied"}
+                            "hermes_json_end": "applied", "amx_attention": "applied",
+                            "greedy_sampler": "applied", "slot_mapping_bind": "applied"}
     assert out["second"] == out["first"]
     assert out["same_fn"] and out["registered"]
 

@@ -167,10 +167,11 @@ def render(report: dict[str, Any]) -> str:
     if edge.get("thread_advice"):
         lines.append(f"  advice: {edge['thread_advice']}")
     lines.append("patches:")
+    width = max((len(p["name"]) for p in report["patches"]), default=0)
     for p in report["patches"]:
-        lines.append(f"  {p['name']:<14} {p['state']:<15} {p['target']}")
+        lines.append(f"  {p['name']:<{width}} {p['state']:<15} {p['target']}")
         if p["state"] != "applied" and p["detail"]:
-            lines.append(f"  {'':<12} {p['detail']}")
+            lines.append(f"  {'':<{width}} {p['detail']}")
     lines.append("registrations:")
     lines += [f"  {r['name']:<28} {r['kind']:<20} {r['state']}" for r in report["registrations"]] or ["  (none)"]
     lines.append("IR op providers:")

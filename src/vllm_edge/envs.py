@@ -94,6 +94,25 @@ _declare(
     "as the stock backend and no unified_kv_cache_update call.",
 )
 _declare(
+    "VLLM_EDGE_PATCH_GREEDY_SAMPLER", "bool", True,
+    "Sample an all-greedy batch that nothing can bias (no logprobs, penalties, bad words, "
+    "allowed-token masks, logit bias, min_tokens, thinking budget) with an argmax on the "
+    "logits' own dtype, without vLLM's float32 copy and logits-processor chain "
+    "(patches/greedy_sampler.py).",
+    "On: the same tokens by construction (bf16 widens to float32 exactly; both argmaxes keep "
+    "the first maximum), checked in tests/test_patches_step.py against the original sampler "
+    "and in tests/test_levers_engine.py end to end. Speed A/B pending in "
+    "benchmarks/results/step/.",
+)
+_declare(
+    "VLLM_EDGE_PATCH_SLOT_MAPPING_BIND", "bool", True,
+    "Bind the per-step slot-mapping launch's positional arguments by name without "
+    "inspect.Signature.bind (patches/slot_mapping_bind.py).",
+    "On: the same launch inputs (tests/test_patches_step.py) and no Signature.bind per "
+    "decode step in a real engine (tests/test_levers_engine.py). Speed A/B pending in "
+    "benchmarks/results/step/.",
+)
+_declare(
     "VLLM_EDGE_LOG_LEVEL", "str", "INFO",
     "Log level of the vllm_edge logger.",
     "INFO shows patch states once per process, which is what a user needs to "

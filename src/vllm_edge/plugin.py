@@ -69,8 +69,10 @@ def _ir_priority() -> dict[str, list[str]] | None:
 
 def process_report() -> dict:
     """What the plugin did in this process; workers return it over collective_rpc."""
+    import gc
+
     from vllm_edge import patches
-    from vllm_edge.patches import aot_cache
+    from vllm_edge.patches import aot_cache, greedy_sampler, slot_mapping_bind
     from vllm_edge.runtime import memory
 
     report = {
@@ -79,6 +81,12 @@ def process_report() -> dict:
         "patches": patches.states(),
         "aot_noop_attached": list(aot_cache.attached),
         "arena_releases": [r.to_dict() for r in memory.history],
+        # which route each step took; the per-step patches are otherwise invisible
+        "greedy_sampler_steps": {"fast": greedy_sampler.fast_steps,
+                                 "original": greedy_sampler.fallback_steps},
+        "slot_mapping_fast_calls": slot_mapping_bind.fast_calls,
+        # vLLM's engine core freezes its start-up heap (freeze_gc_heap); 0 would mean it stopped
+        "gc_frozen_objects": gc.get_freeze_count(),
         "registrations": [r.name for r in _registrations],
         "registration_states": {r.name: r.state for r in _registrations},
         "ir_priority": _ir_priority(),

@@ -8,9 +8,10 @@ per process and never changed afterwards:
 - ``applied``: the attribute was replaced;
 - ``fixed-upstream``: the bug is gone, nothing was done;
 - ``disabled``: its env switch is off;
-- ``target-missing``: the target does not exist. Logged as a WARNING; `doctor`
-  exits non-zero. This is the state that catches a patch that would otherwise
-  silently become a no-op after a vLLM upgrade.
+- ``target-missing``: the target does not exist, or no longer has the shape the
+  replacement was written for (``make_replacement`` raised ``LookupError``).
+  Logged as a WARNING; `doctor` exits non-zero. This is the state that catches a
+  patch that would otherwise silently become a no-op after a vLLM upgrade.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ logger = logging.getLogger("vllm_edge.patches")
 
 # Patch modules, in application order.
 PATCH_MODULES: tuple[str, ...] = ("aot_cache", "kv_budget", "arena_release", "hermes_json_end",
-                                  "amx_attention")
+                                  "amx_attention", "greedy_sampler", "slot_mapping_bind")
 
 
 class State(str, enum.Enum):
@@ -104,21 +105,31 @@ def _apply(patch: Patch) -> None:
         try:
             resolved.append(resolve(target))
         except LookupError as exc:
-            patch.state, patch.detail = State.TARGET_MISSING, str(exc)
-            logger.warning(
-                "vllm-edge patch %r: target %s is missing (%s). The workaround is NOT "
-                "active; run `vllm-edge doctor`.", patch.name, target, exc,
-            )
+            _missing(patch, target, exc)
             return
     if all(patch.is_fixed_upstream(*r) for r in resolved):
         patch.state, patch.detail = State.FIXED_UPSTREAM, patch.fixed_when
         return
-    originals = []
-    for owner, attr, current in resolved:
-        originals.append(current)
-        setattr(owner, attr, patch.make_replacement(owner, attr, current))
+    replacements = []
+    for target, (owner, attr, current) in zip(patch.targets, resolved):
+        try:  # every replacement is built before any attribute changes
+            replacements.append(patch.make_replacement(owner, attr, current))
+        except LookupError as exc:
+            _missing(patch, target, exc)
+            return
+    for (owner, attr, _), new in zip(resolved, replacements):
+        setattr(owner, attr, new)
+    originals = [current for _, _, current in resolved]
     patch.original = originals[0] if len(originals) == 1 else tuple(originals)
     patch.state = State.APPLIED
+
+
+def _missing(patch: Patch, target: str, exc: LookupError) -> None:
+    patch.state, patch.detail = State.TARGET_MISSING, str(exc)
+    logger.warning(
+        "vllm-edge patch %r: target %s is missing (%s). The workaround is NOT "
+        "active; run `vllm-edge doctor`.", patch.name, target, exc,
+    )
 
 
 def load_all() -> list[Patch]:

@@ -323,3 +323,18 @@ def test_slot_mapping_detector_reads_the_wrapper_not_what_it_wraps():
     assert not slot_mapping_bind._is_fixed_upstream(None, "__call__", wrapper)
     # the launch specification alone binds nothing: what an upstream without the wrapper has
     assert slot_mapping_bind._is_fixed_upstream(None, "__call__", wrapper.__wrapped__)
+
+
+def test_the_greedy_fast_path_is_off_by_default():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_EDGE_PATCH_GREEDY_SAMPLER"}
+    code = ("import json; from vllm_edge import patches\n"
+            "print(json.dumps({p.name: p.state.value for p in patches.load_all()}))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    states = json.loads(out.stdout.strip().splitlines()[-1])
+    assert states["greedy_sampler"] == "disabled" and states["slot_mapping_bind"] == "applied"

@@ -89,28 +89,31 @@ _declare(
     "whose forward writes the KV cache and attends in one custom op per layer, instead of "
     "unified_kv_cache_update plus unified_attention_with_output (attention/cpu_fused.py). "
     "Same C kernels; also keys vLLM's compile cache. 0 leaves vLLM's backend.",
-    "On pending the end-to-end A/B (benchmarks/results/step/), which may flip it: upstream "
-    "split the two ops on purpose. tests/attention/test_cpu_fused_engine.py: same greedy tokens "
-    "as the stock backend and no unified_kv_cache_update call.",
+    "On: half the attention op calls per step at no measured cost (benchmarks/results/grid/"
+    "step_core, arm \"no fused attention\": the forward medians are within the noise, so the "
+    "A/B did not rank it; upstream split the ops for a fusion CPU does not run). "
+    "tests/attention/test_cpu_fused_engine.py: same greedy tokens as the stock backend and no "
+    "unified_kv_cache_update call.",
 )
 _declare(
-    "VLLM_EDGE_PATCH_GREEDY_SAMPLER", "bool", True,
+    "VLLM_EDGE_PATCH_GREEDY_SAMPLER", "bool", False,
     "Sample an all-greedy batch that nothing can bias (no logprobs, penalties, bad words, "
     "allowed-token masks, logit bias, min_tokens, thinking budget) with an argmax on the "
     "logits' own dtype, without vLLM's float32 copy and logits-processor chain "
     "(patches/greedy_sampler.py).",
-    "On: the same tokens by construction (bf16 widens to float32 exactly; both argmaxes keep "
-    "the first maximum), checked in tests/test_patches_step.py against the original sampler "
-    "and in tests/test_levers_engine.py end to end. Speed A/B pending in "
-    "benchmarks/results/step/.",
+    "Off: it lost the A/B in benchmarks/results/grid/step_levers (the sampler section is slower "
+    "with it: torch's bf16 argmax over the vocabulary costs more than the float32 copy plus "
+    "vLLM's C argmax). Same tokens either way (tests/test_patches_step.py, "
+    "tests/test_levers_engine.py).",
 )
 _declare(
     "VLLM_EDGE_PATCH_SLOT_MAPPING_BIND", "bool", True,
     "Bind the per-step slot-mapping launch's positional arguments by name without "
     "inspect.Signature.bind (patches/slot_mapping_bind.py).",
     "On: the same launch inputs (tests/test_patches_step.py) and no Signature.bind per "
-    "decode step in a real engine (tests/test_levers_engine.py). Speed A/B pending in "
-    "benchmarks/results/step/.",
+    "decode step in a real engine (tests/test_levers_engine.py). Speed A/B in "
+    "benchmarks/results/grid/step_levers (arm \"no bind cache\"): within the noise; kept, it "
+    "only removes work.",
 )
 _declare(
     "VLLM_EDGE_LOG_LEVEL", "str", "INFO",
@@ -174,7 +177,9 @@ _declare(
     "keeps the Python op. It changes the compiled graph and is not part of vLLM's compile-cache "
     "key: flip it with a fresh VLLM_CACHE_ROOT (either graph runs correctly). Read once per process.",
     "On: same kernel, bit-identical output, without the Python round trip per call "
-    "(tests/quant/test_native_op.py). Decode-step A/B: benchmarks/results/step/.",
+    "(tests/quant/test_native_op.py). Decode-step A/B in benchmarks/results/grid/step_core "
+    "(arm \"no native op\"): the op's call path at one row and the forward medians favour it; "
+    "on the shared host the ranges overlap.",
 )
 
 # --- names owned by other projects that we read -----------------------------

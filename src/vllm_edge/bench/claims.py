@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_edge.quant.groups import DEFAULT_GROUP
+
 BEGIN = "<!-- measured:begin -->"
 END = "<!-- measured:end -->"
 
@@ -52,9 +54,11 @@ _LEVERS = "grid/levers/summary.json"
 _GROUP = "grid/group/summary.json"
 _1B = "grid/int4_1b/summary.json"
 _CMP = "compare/speed/summary.json"
-_CMP_FID = "compare/fidelity/summary.json"
 _VLM = "grid/vlm/summary.json"
 _RMS = "grid/rmsnorm/summary.json"
+_STEP = "grid/step_core/summary.json"
+_STEP_LEVERS = "grid/step_levers/summary.json"
+_CMP_1B = "compare_1b/speed/summary.json"
 _X = "{:.2f}×"
 
 CLAIMS: tuple[Claim, ...] = (
@@ -142,24 +146,46 @@ CLAIMS: tuple[Claim, ...] = (
           per=(None, _arm("tg128_tps", "bf16"))),
     Claim("Synthetic 1B", "tg128, native product / tinygemm (g64)", _1B, _arm("tg128_tps", "cpu_int4 g64"), _X,
           per=(None, _arm("tg128_tps", "cpu_int4 g64 tinygemm"))),
+    # The decode step, batch 1, compiled (docs/design/decode-step.md)
+    Claim("Decode step (SmolLM2 cpu_int4 g32, compiled, batch 1)", "ms per step, before the decode-step levers (the code at 4f0229d)",
+          _STEP, _arm("step_ms", "before"), "{:.2f} ms"),
+    Claim("Decode step (SmolLM2 cpu_int4 g32, compiled, batch 1)", "ms per step, with them", _STEP,
+          _arm("step_ms", "after"), "{:.2f} ms"),
+    Claim("Decode step (SmolLM2 cpu_int4 g32, compiled, batch 1)", "ms per step outside the forward, with them",
+          _STEP, _arm("outside_forward_ms", "after"), "{:.2f} ms", target=("<=", 1.0)),
+    Claim("Decode step (SmolLM2 cpu_int4 g32, compiled, batch 1)", "Python-implemented op calls per step, before",
+          _STEP, _arm("python_op_calls_per_step", "before"), "{:.0f}"),
+    Claim("Decode step (SmolLM2 cpu_int4 g32, compiled, batch 1)", "Python-implemented op calls per step, after",
+          _STEP, _arm("python_op_calls_per_step", "after"), "{:.0f}"),
+    Claim("Decode step (SmolLM2 cpu_int4 g32, compiled, batch 1)", "forward: C++ int4 op / Python int4 op", _STEP,
+          _arm("forward_ms", "after"), _X, per=(None, _arm("forward_ms", "no native op"))),
+    Claim("Decode step (SmolLM2 cpu_int4 g32, compiled, batch 1)", "forward: one attention op / two", _STEP,
+          _arm("forward_ms", "after"), _X, per=(None, _arm("forward_ms", "no fused attention"))),
+    Claim("Decode step (SmolLM2 cpu_int4 g32, compiled, batch 1)", "sampler: greedy fast path / vLLM's (left off)",
+          _STEP_LEVERS, _arm("sampler_ms", "after"), _X, per=(None, _arm("sampler_ms", "no greedy fast path"))),
+    Claim("Decode step (SmolLM2 cpu_int4 g32, compiled, batch 1)", "step: OMP_WAIT_POLICY=PASSIVE / default (left off)",
+          _STEP_LEVERS, _arm("step_ms", "after + OMP passive"), _X, per=(None, _arm("step_ms", "after"))),
     # llama.cpp side by side (docs/results/comparisons.md has every table)
     Claim("llama.cpp side by side", "tg128, vLLM cpu_int4 / Q4_K_M", _CMP, _arm("tg128_tps", "vllm-cpu_int4"), _X,
-          per=(None, _arm("tg128_tps", "llamacpp-Q4_K_M"))),
+          per=(None, _arm("tg128_tps", "llamacpp-Q4_K_M")), target=(">=", 1.0)),
     Claim("llama.cpp side by side", "tg128, vLLM cpu_int4 / Q4_0", _CMP, _arm("tg128_tps", "vllm-cpu_int4"), _X,
           per=(None, _arm("tg128_tps", "llamacpp-Q4_0"))),
     Claim("llama.cpp side by side", "pp512, vLLM cpu_int4 / Q4_K_M", _CMP, _arm("pp512_tps", "vllm-cpu_int4"), _X,
           per=(None, _arm("pp512_tps", "llamacpp-Q4_K_M"))),
     Claim("llama.cpp side by side", "batch-8 decode, vLLM cpu_int4 / Q4_K_M", _CMP,
           _arm("b8_tg_tps", "vllm-cpu_int4"), _X, per=(None, _arm("b8_tg_tps", "llamacpp-Q4_K_M"))),
+    Claim("llama.cpp side by side, synthetic 1B", "tg128, vLLM cpu_int4 g32 / Q4_K_M", _CMP_1B,
+          _arm("tg128_tps", "vllm-cpu_int4"), _X, per=(None, _arm("tg128_tps", "llamacpp-Q4_K_M")),
+          target=(">=", 1.2)),
+    Claim("llama.cpp side by side, synthetic 1B", "tg128, vLLM cpu_int4 g64 / Q4_K_M", _CMP_1B,
+          _arm("tg128_tps", "vllm-cpu_int4-g64"), _X, per=(None, _arm("tg128_tps", "llamacpp-Q4_K_M"))),
+    Claim("llama.cpp side by side, synthetic 1B", "batch-8 decode, vLLM cpu_int4 g32 / Q4_K_M", _CMP_1B,
+          _arm("b8_tg_tps", "vllm-cpu_int4"), _X, per=(None, _arm("b8_tg_tps", "llamacpp-Q4_K_M")),
+          target=(">=", 2.0)),
     Claim("llama.cpp side by side", "ready, vLLM cpu_int4", _CMP, _arm("load_s", "vllm-cpu_int4"), "{:.1f} s"),
     Claim("llama.cpp side by side", "ready, llama.cpp Q4_K_M", _CMP, _arm("load_s", "llamacpp-Q4_K_M"), "{:.1f} s"),
     Claim("llama.cpp side by side", "peak RssAnon, vLLM cpu_int4 / Q4_K_M", _CMP,
           _arm("peak_rss_anon_mb", "vllm-cpu_int4"), _X, per=(None, _arm("peak_rss_anon_mb", "llamacpp-Q4_K_M"))),
-    Claim("llama.cpp side by side", "KL mean against its own bf16, vLLM cpu_int4", _CMP_FID,
-          _arm("kl_mean", "vllm-cpu_int4"), "{:.3f}"),
-    Claim("llama.cpp side by side", "KL mean against its own bf16, llama.cpp Q4_K_M", _CMP_FID,
-          _arm("kl_mean", "llamacpp-Q4_K_M"), "{:.3f}"),
-    # The VLM (docs/guide/multimodal.md)
     Claim("VLM (one 512×512 image)", "peak RssAnon, bf16", _VLM, _arm("peak_rss_anon_mb", "bf16"), "{:.0f} MB"),
     Claim("VLM (one 512×512 image)", "peak RssAnon, cpu_int4 g32", _VLM,
           _arm("peak_rss_anon_mb", "cpu_int4 g32"), "{:.0f} MB"),
@@ -225,11 +251,15 @@ def _arm_build(data: dict, key: Key) -> str | None:
     model = flag("--model") or flag("--gguf") or flag("--cand")
     name = Path(model).name if model else "default"
     parts = [name]
-    if flag("--quant"):
-        parts.append(f"{flag('--quant')} g{flag('--group')}" if flag("--group") else flag("--quant"))
+    quant, group = flag("--quant"), flag("--group")
+    if quant is None and cmd[3:5] == ["bench", "step"]:
+        quant, group = "cpu_int4", group or str(DEFAULT_GROUP)  # `bench step`'s own default
+    if quant:
+        parts.append(f"{quant} g{group}" if group else quant)
     elif not any(q in name for q in ("cpu_int4", "gptq", ".gguf")):
         parts.append("bf16")
-    parts += [f"{k}={v}" for k, v in sorted((arm.get("env") or {}).items())]
+    # PYTHONPATH names a checkout on the measuring host; the claim's label says which code it is
+    parts += [f"{k}={v}" for k, v in sorted((arm.get("env") or {}).items()) if k != "PYTHONPATH"]
     return " ".join(parts)
 
 

@@ -132,12 +132,13 @@ def prepare(model: str = "default", synthetic_1b: bool = False, progress: bool =
     from vllm_edge.models import store
     from vllm_edge.models.gguf_export import export_gguf, quantize
 
-    paths = select(builds(model, synthetic_1b), arms)
+    every = builds(model, synthetic_1b)
+    paths = select(every, arms)
     if synthetic_1b:
         from vllm_edge.models import synthetic
         from vllm_edge.quant.quantize import quantize_model
 
-        bf16 = builds(model, synthetic_1b)["vllm-bf16"]
+        bf16 = every["vllm-bf16"]
         if not (bf16 / "config.json").exists():
             synthetic.build(bf16, synthetic.Shape.derive(**SYNTHETIC_1B),
                             tokenizer_from=store.prepare("default", progress=progress), progress=progress)
@@ -148,9 +149,9 @@ def prepare(model: str = "default", synthetic_1b: bool = False, progress: bool =
         store.prepare(model, progress=progress)
         if "vllm-cpu_int4" in paths:
             store.prepare_quantized(model, "cpu_int4", DEFAULT_GROUP, progress=progress)
-    bf16_gguf = builds(model, synthetic_1b)["llamacpp-BF16"]
+    bf16_gguf = every["llamacpp-BF16"]
     if any(k.startswith("llamacpp-") for k in paths) and not bf16_gguf.exists():
-        export_gguf(builds(model, synthetic_1b)["vllm-bf16"], bf16_gguf, progress=progress)
+        export_gguf(every["vllm-bf16"], bf16_gguf, progress=progress)
     for q in GGUF_QUANTS:
         if f"llamacpp-{q}" in paths and not paths[f"llamacpp-{q}"].exists():
             quantize(bf16_gguf, paths[f"llamacpp-{q}"], q)

@@ -312,17 +312,7 @@ def run(cfg: ProfileConfig, pinning: dict | None = None, out: str | os.PathLike 
     scfg = cfg.speed_config()
     path = Path(speed.model_path(scfg))
     mml = speed.validate(scfg, speed.model_max_len(path))
-    edge = speed.engine_for(scfg, path, mml)
-    edge.apply_env()  # before vLLM is imported
-    if edge.env.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
-        raise ProfileError("bench profile needs the one-process edge engine")
-
-    t0 = time.perf_counter()
-    from vllm import LLM
-
-    llm = LLM(**edge.kwargs)
-    load_s = time.perf_counter() - t0
-    log(f"[profile] engine ready in {load_s:.1f} s; {speed.build_label(path, scfg)}")
+    llm, edge, load_s = speed.start_one_process(scfg, path, mml, "profile", ProfileError, log)
     marks = llm.collective_rpc("vllm_edge_profile_marks", args=(True,))[0]
     if marks["pid"] != os.getpid():
         raise ProfileError(f"the worker runs in process {marks['pid']}, not in this one "

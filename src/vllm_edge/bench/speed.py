@@ -437,6 +437,24 @@ def engine_for(cfg: SpeedConfig, path: Path, max_model_len: int) -> Any:
     return edge
 
 
+def start_one_process(cfg: SpeedConfig, path: Path, max_model_len: int, tag: str,
+                      error: type[Exception], log: Callable[[str], None]) -> tuple[Any, Any, float]:
+    """The :func:`engine_for` engine, checked to run the model in this process (``bench profile``
+    and ``bench step`` instrument it from here): the LLM, its EdgeEngine and the seconds to ready.
+    Raises ``error`` when the edge mode would spawn a worker."""
+    edge = engine_for(cfg, path, max_model_len)
+    edge.apply_env()  # before vLLM is imported
+    if edge.env.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+        raise error(f"bench {tag} needs the one-process edge engine")
+    t0 = time.perf_counter()
+    from vllm import LLM
+
+    llm = LLM(**edge.kwargs)
+    load_s = time.perf_counter() - t0
+    log(f"[{tag}] engine ready in {load_s:.1f} s; {build_label(path, cfg)}")
+    return llm, edge, load_s
+
+
 def run(cfg: SpeedConfig, pinning: dict | None = None, out: str | os.PathLike | None = None,
         log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     """Start one engine, measure, and return (and optionally write) the result."""

@@ -275,17 +275,7 @@ def run(cfg: StepConfig, pinning: dict | None = None, out: str | os.PathLike | N
     path = Path(speed.model_path(scfg))
     mml = speed.validate(scfg, speed.model_max_len(path))
     mml = max(mml, speed.TG_PROMPT_LEN + cfg.steps + cfg.warmup + 8)
-    edge = speed.engine_for(scfg, path, mml)
-    edge.apply_env()  # before vLLM is imported
-    if edge.env.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
-        raise StepError("bench step needs the one-process edge engine")
-
-    t0 = time.perf_counter()
-    from vllm import LLM
-
-    llm = LLM(**edge.kwargs)
-    load_s = time.perf_counter() - t0
-    log(f"[step] engine ready in {load_s:.1f} s; {speed.build_label(path, scfg)}")
+    llm, edge, load_s = speed.start_one_process(scfg, path, mml, "step", StepError, log)
     parts = engine_parts(llm)
     engine = parts["engine"]
     source = speed.corpus_source(llm.get_tokenizer())
@@ -351,8 +341,7 @@ def switches() -> dict[str, Any]:
     from vllm_edge import envs
 
     return {name: envs.get(name) for name in envs.DECLARED
-            if name.startswith(("VLLM_EDGE_PATCH_", "VLLM_EDGE_INT4_", "VLLM_EDGE_GC",
-                                "VLLM_EDGE_FUSED"))}
+            if name.startswith(("VLLM_EDGE_PATCH_", "VLLM_EDGE_INT4_", "VLLM_EDGE_FUSED"))}
 
 
 def metric_line(result: dict) -> dict:

@@ -80,6 +80,15 @@ def _compiler() -> str | None:
     return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
+def compiler_version(cc: str) -> str:
+    """The first line of ``cc --version`` ("" when it cannot be read): part of every kernel cache key."""
+    try:
+        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.splitlines()[0] if out else ""
+
+
 def _build(cc: str, flags: list[str], out: Path) -> None:
     from vllm_edge.common import atomic
 
@@ -98,11 +107,7 @@ def library() -> ctypes.CDLL | None:
         logger.warning("cpu_int4: no C compiler found; multi-row batches dequantize with torch "
                        "ops (correct, slower dequantization)")
         return None
-    try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True,
-                                 timeout=30).stdout.splitlines()[:1]
-    except (OSError, subprocess.SubprocessError):
-        version = []
+    version = [v] if (v := compiler_version(cc)) else []
     errors = []
     for flags in _FLAG_SETS:
         key = hashlib.sha256("\n".join([*(src.read_text() for src in SOURCES), cc, *version, *flags,

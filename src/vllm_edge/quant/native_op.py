@@ -79,14 +79,6 @@ def _cxx_compiler() -> str | None:
     return shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
 
 
-def _version(cc: str) -> str:
-    try:
-        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return out.splitlines()[0] if out else ""
-
-
 def _abi() -> str:
     return f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
 
@@ -99,7 +91,8 @@ def cached_path(cc: str, cxx: str) -> Path:
     """Where the library for these compilers, this torch and this CPU lives."""
     from vllm_edge import envs
 
-    parts = [C_SOURCE.read_text(), CXX_SOURCE.read_text(), cc, _version(cc), cxx, _version(cxx),
+    parts = [C_SOURCE.read_text(), CXX_SOURCE.read_text(), cc, native.compiler_version(cc), cxx,
+             native.compiler_version(cxx),
              *FLAGS, _abi(), torch.__version__, platform.machine(), native._cpu_flags()]
     key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     return envs.home() / "kernels" / f"int4op-{key}.so"

@@ -108,3 +108,12 @@ def test_doctor_fails_naming_a_bad_environment_variable():
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "VLLM_EDGE_THREADS='two': expected an integer" in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+def test_doctor_says_whether_serve_demands_a_key_without_showing_it():
+    proc = run_cli("doctor", env={"VLLM_API_KEY": "hunter2-key"}, timeout=300)
+    assert "VLLM_API_KEY is set, so every server demands it" in proc.stdout
+    assert "hunter2-key" not in proc.stdout + proc.stderr
+    proc = run_cli("doctor", "-o", "json", env={"VLLM_API_KEY": ""}, timeout=300)
+    sec = json.loads(proc.stdout)["serve_security"]
+    assert not sec["api_key_from_env"] and "needs --api-key" in sec["note"]

@@ -85,6 +85,7 @@ def collect() -> dict[str, Any]:
         "torchvision_trap": trap,
         "weight_path": path,
         "cpu_int4_kernels": int4_kernels,
+        "serve_security": serve_security(),
     }
     for p in report["patches"]:
         if p["state"] == "target-missing":
@@ -96,6 +97,18 @@ def collect() -> dict[str, Any]:
         )
     report["problems"] = problems
     return report
+
+
+def serve_security() -> dict[str, Any]:
+    """Whether `serve` would demand a key; the key itself is never shown."""
+    from vllm import envs as vllm_envs
+
+    has_key = bool(vllm_envs.VLLM_API_KEY)
+    note = ("serve binds 127.0.0.1 unless --host says otherwise; "
+            + ("VLLM_API_KEY is set, so every server demands it"
+               if has_key else "VLLM_API_KEY is not set: a --host beyond loopback needs --api-key "
+               "(serve prints a WARNING without one); docs/guide/serve.md#security"))
+    return {"api_key_from_env": has_key, "note": note}
 
 
 # Above this share of a core in use by others, one-process OpenMP threads wait on each other.
@@ -166,6 +179,9 @@ def render(report: dict[str, Any]) -> str:
             f"cpu{c} {pct:.0f}%" for c, pct in edge["core_busy_pct"].items()))
     if edge.get("thread_advice"):
         lines.append(f"  advice: {edge['thread_advice']}")
+    sec = report.get("serve_security")
+    if sec:
+        lines.append(f"serve security: {sec['note']}")
     lines.append("patches:")
     width = max((len(p["name"]) for p in report["patches"]), default=0)
     for p in report["patches"]:

@@ -224,14 +224,23 @@ _declare(
 _declare(
     "VLLM_EDGE_MAX_IMAGE_PIXELS", "int", 4096 * 4096,
     "Largest image input in pixels (width x height, read from the header before decoding), "
-    "for `run --image` and the image gate of `serve`.",
+    "for `run --image` and the request gate of `serve`.",
     "A 16-megapixel RGB image decodes to 48 MiB; this bounds the decode on a small device "
     "and stops decompression bombs well below PIL's own 89 M-pixel warning.",
     minimum=1
 )
 _declare(
+    "VLLM_EDGE_MAX_BODY_BYTES", "int", 0,
+    "Largest request body `serve` reads (serving/gate.py); a larger one gets HTTP 413 before "
+    "it is buffered. 0: 4 MiB of text, plus one base64 image at VLLM_EDGE_MAX_IMAGE_BYTES for "
+    "a model that takes images.",
+    "A 2048-token context is under 100 KB of text; without a cap a client could make the "
+    "server buffer any amount before a check (tests/serving/test_gate.py).",
+    minimum=0,
+)
+_declare(
     "VLLM_EDGE_MAX_IMAGES", "int", 4,
-    "Images allowed in one prompt (`run --image`, the image gate of `serve`); also vLLM's "
+    "Images allowed in one prompt (`run --image`, the request gate of `serve`); also vLLM's "
     "`limit_mm_per_prompt` for image models, whose own default is 999.",
     "With the default VLM build one image is 67 prompt tokens, so 4 leave most of a "
     "2048-token context for text; vLLM also sizes its encoder-cache profile from this limit.",

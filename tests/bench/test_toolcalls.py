@@ -62,3 +62,18 @@ def test_parse_cells():
     for bad in ("0:fast", "hot:stream"):
         with pytest.raises(toolcalls.ToolStressError):
             toolcalls.parse_cells(bad)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--cells", "2:foo"], "cell '2:foo': write TEMPERATURE:stream or TEMPERATURE:nonstream"),
+    (["--cells", "hot:stream"], "'hot' is not a temperature"),
+    (["--base-url", "http://10.0.0.1:80"], "runs against loopback only"),
+    (["--base-url", "http://127.0.0.1:9"], "127.0.0.1:9/v1/models: not a vLLM server answering"),
+])
+def test_cli_refuses_bad_arguments_clearly(tmp_path, argv, needle):
+    from support.cli_runner import run_cli
+
+    out = tmp_path / "out.json"
+    proc = run_cli("bench", "toolcalls", *argv, "--calls", "1", "--out", str(out), timeout=120)
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()

@@ -1,6 +1,7 @@
 """`vllm-edge serve` on the embedded VLM (smolvlm-135m, eager), one real server for the
-module: a data-URL image gets an answer; every bad image gets a 4xx naming the problem
-(from the image gate, before vLLM sees it), and the server keeps serving.
+module, started with an API key: a data-URL image gets an answer; every bad image, in any
+part shape and on any route, gets a 4xx naming the problem (from the request gate, before
+vLLM sees it), a client without the key gets a 401 first, and the server keeps serving.
 
 The server runs with VLLM_EDGE_MAX_IMAGES=2 and VLLM_EDGE_MAX_IMAGE_BYTES=1 MiB, so the
 limits are shown to come from the environment and to reach vLLM's limit_mm_per_prompt.
@@ -19,7 +20,8 @@ pytestmark = pytest.mark.slow
 httpx = pytest.importorskip("httpx")
 
 TIMEOUT = 900  # the host is shared: an image prefill at nice 19 can take minutes
-MAX_IMAGES, MAX_BYTES = 2, 1 << 20
+MAX_IMAGES, MAX_BYTES, KEY = 2, 1 << 20, "edge-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 BAD = bad_requests(MAX_IMAGES, MAX_BYTES)
 
 
@@ -32,7 +34,7 @@ def vlm_server(tmp_path_factory, monkeypatch_module):
     monkeypatch_module.delenv("VLLM_EDGE_MAX_IMAGE_PIXELS", raising=False)
     port = soak.free_port()
     log = tmp_path_factory.mktemp("serve_vlm") / "server.log"
-    proc = soak.start_server(["smolvlm-135m", "--enforce-eager"], port, log)
+    proc = soak.start_server(["smolvlm-135m", "--enforce-eager", "--api-key", KEY], port, log)
     yield {"url": f"http://127.0.0.1:{port}", "proc": proc, "log": log}
     assert soak.stop_server(proc) is not None, "the server did not stop"
 
@@ -44,8 +46,9 @@ def monkeypatch_module():
     mp.undo()
 
 
-def _post(server, body):
-    return httpx.post(server["url"] + "/v1/chat/completions", json=body, timeout=TIMEOUT)
+def _post(server, body, route="/v1/chat/completions", headers=AUTH, **kw):
+    return httpx.post(server["url"] + route, timeout=TIMEOUT, headers=headers,
+                      **({"json": body} if body is not None else {}), **kw)
 
 
 def _alive(server):
@@ -65,7 +68,8 @@ def _answers(server, body):
 def test_gate_and_limit_are_on(vlm_server):
     text = vlm_server["log"].read_text()
     assert f"limit_mm_per_prompt={{image: {MAX_IMAGES}}}" in text
-    assert "image gate: vllm_edge.serving.image_gate.ImageGate" in text
+    assert "request gate: vllm_edge.serving.gate.RequestGate" in text
+    assert "WARNING" not in text.split("listening on")[0]  # loopback: no open-server warning
 
 
 def test_good_image_is_answered(vlm_server):
@@ -92,16 +96,50 @@ def test_remote_url_is_refused_not_fetched(vlm_server):
     assert "no remote fetches" in r.json()["error"]["message"]
 
 
-def test_vllm_itself_holds_the_image_limit(vlm_server):
-    """limit_mm_per_prompt reached vLLM: its Responses route (which the gate does not look
-    at) refuses one image over VLLM_EDGE_MAX_IMAGES with vLLM's own message."""
+def test_the_gate_holds_the_image_limit_on_the_responses_route(vlm_server):
     content = [*({"type": "input_image", "image_url": good_url()} for _ in range(MAX_IMAGES + 1)),
                {"type": "input_text", "text": "What is in these pictures?"}]
-    r = httpx.post(vlm_server["url"] + "/v1/responses", timeout=TIMEOUT, json={
-        "model": "smolvlm-135m", "max_output_tokens": 8,
-        "input": [{"role": "user", "content": content}]})
+    r = _post(vlm_server, {"model": "smolvlm-135m", "max_output_tokens": 8,
+                           "input": [{"role": "user", "content": content}]}, route="/v1/responses")
     assert r.status_code == 400, r.text
-    assert f"At most {MAX_IMAGES} image(s)" in r.json()["error"]["message"]
+    assert f"the limit is {MAX_IMAGES}" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("route, body", [
+    ("/v1/chat/completions", {"model": "smolvlm-135m", "max_tokens": 4, "messages": [
+        {"role": "user", "content": [{"image_url": "http://127.0.0.1:9/x.png"},
+                                     {"type": "text", "text": "what is it?"}]}]}),
+    ("/v1/responses", {"model": "smolvlm-135m", "max_output_tokens": 4, "input": [
+        {"role": "user", "content": [{"type": "input_image", "image_url": "http://127.0.0.1:9/x.png"},
+                                     {"type": "input_text", "text": "what is it?"}]}]}),
+    ("/v1/messages", {"model": "smolvlm-135m", "max_tokens": 4, "messages": [
+        {"role": "user", "content": [{"type": "image", "source": {
+            "type": "url", "url": "http://127.0.0.1:9/x.png"}}, {"type": "text", "text": "hi"}]}]}),
+])
+def test_other_part_shapes_and_routes_are_gated(vlm_server, route, body):
+    r = _post(vlm_server, body, route=route)
+    assert r.status_code == 400, r.text
+    assert "no remote fetches" in r.json()["error"]["message"]
+
+
+def test_no_key_gets_401_before_any_check(vlm_server):
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        assert _post(vlm_server, BAD["truncated_png"][0], headers=headers).status_code == 401
+        r = _post(vlm_server, None, headers=headers, content=b"[" * 100_000)
+        assert r.status_code == 401
+    assert httpx.get(vlm_server["url"] + "/health", timeout=60).status_code == 200
+
+
+def test_deep_json_oversized_body_and_n_get_4xx(vlm_server):
+    r = _post(vlm_server, None, content=b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+              headers={**AUTH, "content-type": "application/json"})
+    assert r.status_code == 400 and "nested deeper" in r.json()["error"]["message"], r.text
+    big = b"x" * ((4 << 20) + 2 * MAX_BYTES)  # over text room + one base64 image
+    r = _post(vlm_server, None, content=big, headers={**AUTH, "content-type": "application/json"})
+    assert r.status_code == 413, r.text
+    r = _post(vlm_server, {"model": "smolvlm-135m", "n": 64, "max_tokens": 2,
+                           "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
 
 
 def test_still_serves_after_the_bad_images(vlm_server):

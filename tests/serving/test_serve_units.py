@@ -168,15 +168,53 @@ def test_plan_for_the_vlm_gates_images(monkeypatch, vlm_int4_dir):
     monkeypatch.setenv("VLLM_EDGE_MAX_IMAGES", "3")
     p = serve.plan("smolvlm-135m", dtype="auto")
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(p.argv)
-    assert args.middleware == [serve.IMAGE_GATE]
+    assert args.middleware == [serve.GATE]
     assert args.limit_mm_per_prompt == {"image": 3}
     assert p.describe["image_limits"]["max_images"] == 3
-    assert any(line.startswith("image gate: ") for line in p.lines)
+    assert any(line.startswith("request gate: ") for line in p.lines)
+    assert any(line.startswith("images: data URLs only") for line in p.lines)
     monkeypatch.setenv("VLLM_EDGE_MAX_IMAGES", "-1")
     with pytest.raises(ValueError, match="VLLM_EDGE_MAX_IMAGES='-1': must be at least 1"):
         serve.plan("smolvlm-135m")
 
 
-def test_plan_for_a_text_model_has_no_gate(default_model_dir):
-    argv = serve.plan("default").argv
-    assert "--middleware" not in argv and "--limit-mm-per-prompt" not in argv
+def test_plan_for_a_text_model_gates_requests_and_refuses_images(default_model_dir):
+    p = serve.plan("default")
+    assert p.argv[p.argv.index("--middleware") + 1] == serve.GATE
+    assert "--limit-mm-per-prompt" not in p.argv
+    assert not p.gate.accepts_images and p.gate.body_cap == 4 << 20
+    assert "images: refused with a 400 (the model has no vision encoder)" in p.lines
+
+
+def test_api_key_reaches_vllm_and_the_gate_but_not_the_description(default_model_dir, monkeypatch):
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from vllm_edge.serving import gate
+
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    p = serve.plan("default", api_key="k1", extra=["--max-num-seqs", "3"])
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(p.argv)
+    assert args.api_key == ["k1"] and "k1" not in json.dumps(p.describe)
+    try:
+        serve.configure_gate(p, args)
+        assert gate._configured.api_keys == ("k1",) and gate._configured.max_n == 3
+    finally:
+        gate.configure(None)
+
+
+@pytest.mark.parametrize("host, key, warned", [("0.0.0.0", None, True), ("0.0.0.0", "k", False),
+                                               ("127.0.0.1", None, False), ("::1", None, False)])
+def test_open_host_without_a_key_is_warned(default_model_dir, monkeypatch, capsys, host, key, warned):
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from vllm_edge.serving import gate
+
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    p = serve.plan("default", host=host, api_key=key)
+    try:
+        serve.configure_gate(p, make_arg_parser(FlexibleArgumentParser()).parse_args(p.argv))
+    finally:
+        gate.configure(None)
+    assert ("WARNING: listening on" in capsys.readouterr().err) == warned

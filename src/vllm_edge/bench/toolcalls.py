@@ -287,7 +287,9 @@ def run(model: str = "default", *, cells: list[tuple[float, bool]], calls: int =
     log_path = Path(out).with_suffix(".server.log") if out else Path("toolcalls.server.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     args = None
-    if base_url is None:
+    if base_url is not None:
+        base_url = soak.require_loopback(base_url)
+    else:
         port = soak.free_port()
         args = [model, *(serve_args or [])]
         proc = soak.start_server(args, port, log_path)
@@ -314,7 +316,11 @@ def run(model: str = "default", *, cells: list[tuple[float, bool]], calls: int =
         return result
 
     try:
-        root = httpx.get(base_url + "/v1/models", timeout=30).json()["data"][0].get("root")
+        try:
+            root = httpx.get(base_url + "/v1/models", timeout=30).json()["data"][0].get("root")
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+            raise ToolStressError(f"{base_url}/v1/models: not a vLLM server answering "
+                                  f"({type(exc).__name__}: {exc})") from None
         for temperature, stream in cells:
             cell = run_cell(base_url, temperature=temperature, stream=stream, calls=calls,
                             clients=clients, max_seconds=max_seconds_per_cell,

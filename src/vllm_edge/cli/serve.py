@@ -17,6 +17,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default="default", help=MODEL_HELP)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None,
+                   help="requests under /v1 must send 'Authorization: Bearer KEY' (default: "
+                        "VLLM_API_KEY, else none); checked before anything else")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=4,
                    help="sequences decoded together; the KV budget is priced for all of them")
@@ -41,4 +44,4 @@ def run(args: argparse.Namespace) -> int:
             max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager,
             dtype=weight_dtype(args.quant), priority=args.priority, multiprocess=args.multiprocess,
             tool_call_parser=args.tool_call_parser, chat_template=args.chat_template,
-            served_model_name=args.served_model_name, extra=getattr(args, "vllm_extra", []))
+            served_model_name=args.served_model_name, api_key=args.api_key, extra=getattr(args, "vllm_extra", []))

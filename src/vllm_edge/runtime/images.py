@@ -225,10 +225,17 @@ def _image_urls(messages: Iterable[dict]) -> list[tuple[str, str]]:
 def validate_openai_messages(messages: Iterable[dict], limits: ImageLimits | None = None, *,
                              model: str | None = None, accepts_images: bool = True) -> list[LoadedImage]:
     """Check every ``image_url`` part of an OpenAI chat request (count first, then each
-    image). Only data URLs are accepted: a server must not read its own files for a
+    image)."""
+    return validate_image_urls(_image_urls(messages), limits, model=model,
+                               accepts_images=accepts_images)
+
+
+def validate_image_urls(urls: list[tuple[str, Any]], limits: ImageLimits | None = None, *,
+                        model: str | None = None, accepts_images: bool = True) -> list[LoadedImage]:
+    """Check (where, url) image references of a request: the count first, then each image.
+    Only data URLs are accepted: a server must not read its own files or fetch for a
     client. Errors carry the part at fault in ``param`` and at the start of the message."""
     limits = limits or ImageLimits.from_env()
-    urls = _image_urls(messages)
     try:
         check_count(len(urls), limits, model=model, accepts_images=accepts_images)
     except ImageInputError as exc:
@@ -236,6 +243,8 @@ def validate_openai_messages(messages: Iterable[dict], limits: ImageLimits | Non
     out = []
     for where, url in urls:
         try:
+            if not isinstance(url, str) or not url:
+                raise ImageInputError("the image part has no url")
             if not url.startswith("data:"):
                 raise ImageInputError(f"{describe(url)}: only data:image/...;base64 URLs are "
                                       "accepted by the server (no file paths, no remote fetches)")

@@ -26,8 +26,9 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 TOOL_TEMPLATES = {"smollm2-135m": DATA / "smollm2_tools.jinja"}
 # A chat template that writes calls between these markers is parsed by vLLM's `hermes`.
 HERMES_MARKER = "<tool_call>"
-# Checks every image of a chat request before vLLM sees it (docs/guide/multimodal.md).
-IMAGE_GATE = "vllm_edge.serving.image_gate.ImageGate"
+# Authenticates, caps and checks every request before vLLM parses it (docs/guide/serve.md).
+GATE = "vllm_edge.serving.gate.RequestGate"
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 # vLLM's default ("auto") pins argument schemas only for tools marked strict.
 TOOL_STRICT_LEVEL = "parameter"
 TOOL_STRICT_WHY = ("once the model opens a call, its arguments are held to the tool's JSON "
@@ -50,6 +51,7 @@ class ServePlan:
     env: dict[str, str]
     lines: list[str] = field(default_factory=list)  # what was chosen, and why
     describe: dict[str, Any] = field(default_factory=dict)
+    gate: Any = None  # serving.gate.GateConfig, completed from vLLM's parsed arguments
 
 
 def port_holder(port: int) -> str | None:
@@ -139,10 +141,12 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
          max_model_len: int = 2048, max_num_seqs: int = 4, enforce_eager: bool = False,
          dtype: str = "auto", priority: str = "speed", multiprocess: bool = False,
          tool_call_parser: str | None = None, chat_template: str | None = None,
-         served_model_name: list[str] | None = None, extra: list[str] | None = None) -> ServePlan:
+         served_model_name: list[str] | None = None, api_key: str | None = None,
+         extra: list[str] | None = None) -> ServePlan:
     from vllm_edge.models import store
     from vllm_edge.runtime import images, weight_path
     from vllm_edge.runtime.engine import edge_engine
+    from vllm_edge.serving.gate import GateConfig
 
     path, wpath = weight_path.model_for_engine(model, priority, dtype)
     key = store.resolve_key(model).key if (model == "default" or model in store.MODELS) else None
@@ -153,28 +157,34 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
 
     argv = vllm_flags(edge.kwargs)
     argv += ["--served-model-name", *names, "--host", host, "--port", str(port)]
+    if api_key:
+        argv += ["--api-key", api_key]
     if template:
         argv += ["--chat-template", template]
     if parser:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", parser,
                  "--tool-strict-level", TOOL_STRICT_LEVEL]
-    image_lines, limits = [], None
-    if images.model_accepts_images(path):
-        limits = images.ImageLimits.from_env()  # a bad VLLM_EDGE_MAX_IMAGE* fails here, not at start
-        argv += ["--limit-mm-per-prompt", json.dumps({"image": limits.max_images}),
-                 "--middleware", IMAGE_GATE]
-        image_lines = [
-            f"limit_mm_per_prompt={{image: {limits.max_images}}} (VLLM_EDGE_MAX_IMAGES)",
-            f"image gate: {IMAGE_GATE} answers a corrupt, truncated, unsupported "
-            f"(not {'/'.join(limits.formats)}), oversized (over {limits.max_bytes} bytes, "
-            "VLLM_EDGE_MAX_IMAGE_BYTES, or over "
-            f"{limits.max_pixels} pixels, VLLM_EDGE_MAX_IMAGE_PIXELS) or non-data-URL image "
-            "with a 400/413/415 naming it, before vLLM sees the request"]
+    accepts = images.model_accepts_images(path)
+    # a bad VLLM_EDGE_MAX_IMAGE* or VLLM_EDGE_MAX_BODY_BYTES fails here, not at start
+    gate = GateConfig.from_env(accepts_images=accepts, model=model, api_keys=())
+    limits = gate.images
+    argv += ["--middleware", GATE]
+    if accepts:
+        argv += ["--limit-mm-per-prompt", json.dumps({"image": limits.max_images})]
+    gate_lines = [
+        f"request gate: {GATE} checks the API key first, refuses bodies over "
+        f"{gate.body_cap} bytes (VLLM_EDGE_MAX_BODY_BYTES), JSON nested over "
+        "64 levels and n over max_num_seqs, and audio/video/embedding/file parts on every route",
+        (f"images: data URLs only, {'/'.join(limits.formats)}, up to {limits.max_bytes} bytes "
+         f"(VLLM_EDGE_MAX_IMAGE_BYTES) and {limits.max_pixels} pixels "
+         f"(VLLM_EDGE_MAX_IMAGE_PIXELS), {limits.max_images} per request (VLLM_EDGE_MAX_IMAGES, "
+         "also vLLM's limit_mm_per_prompt); a bad one gets a 400/413/415 naming it"
+         if accepts else "images: refused with a 400 (the model has no vision encoder)")]
     argv += list(extra or [])  # after ours, so a user's vLLM flag wins
 
     lines = [f"model: {path}", *wpath.explain(), *edge.explain(),
              f"served model names: {', '.join(names)} (requests may use any of them)",
-             f"tool calls: {tools_why}", *image_lines]
+             f"tool calls: {tools_why}", *gate_lines]
     if parser:
         lines.append(f"tool strict level: {TOOL_STRICT_LEVEL}: {TOOL_STRICT_WHY}")
     if template:
@@ -182,9 +192,12 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
     if extra:
         lines.append(f"extra vLLM arguments: {' '.join(extra)}")
     describe = {"engine": edge.describe(), "weight_path": wpath.to_dict(),
-                "tool_call_parser": parser, "chat_template": template, "vllm_argv": argv,
-                "image_limits": dataclasses.asdict(limits) if limits else None}
-    return ServePlan(Path(path), names, host, port, argv, dict(edge.env), lines, describe)
+                "tool_call_parser": parser, "chat_template": template,
+                "vllm_argv": [("***" if i and argv[i - 1] == "--api-key" else a)
+                              for i, a in enumerate(argv)],
+                "image_limits": dataclasses.asdict(limits) if accepts else None,
+                "max_body_bytes": gate.body_cap}
+    return ServePlan(Path(path), names, host, port, argv, dict(edge.env), lines, describe, gate)
 
 
 def run_vllm(p: ServePlan, sock: socket.socket) -> None:
@@ -214,8 +227,30 @@ def run_vllm(p: ServePlan, sock: socket.socket) -> None:
     configure_logging_from_args(args)
     validate_parsed_serve_args(args)
     validate_api_server_args(args)
+    configure_gate(p, args)
     host = f"[{p.host}]" if ":" in p.host else p.host
     uvloop.run(run_server_worker(f"http://{host}:{p.port}", sock, args))
+
+
+def api_keys(args: Any) -> tuple[str, ...]:
+    """The keys vLLM's server will demand, found as vLLM finds them (--api-key wins over
+    VLLM_API_KEY)."""
+    from vllm import envs as vllm_envs
+
+    return tuple(k for k in (args.api_key or [vllm_envs.VLLM_API_KEY]) if k)
+
+
+def configure_gate(p: ServePlan, args: Any) -> None:
+    """Hand the gate what only vLLM's parsed arguments say (keys, max_num_seqs), and warn
+    when the server is open to the network with no key."""
+    from vllm_edge.serving import gate
+
+    keys = api_keys(args)
+    gate.configure(dataclasses.replace(p.gate, api_keys=keys, max_n=args.max_num_seqs))
+    if p.host not in LOOPBACK and not keys:
+        print(f"[vllm-edge] WARNING: listening on {p.host}, beyond this machine, with no API "
+              "key: anyone who can reach the port can use the model. Pass --api-key KEY (or "
+              "set VLLM_API_KEY); see docs/guide/serve.md#security", file=sys.stderr, flush=True)
 
 
 def main(model: str, **options: Any) -> int:

@@ -177,3 +177,14 @@ def test_bad_group_in_config_is_rejected():
     with pytest.raises(ValueError, match="group_size=16"):
         CpuInt4Config.from_config({"quant_method": "cpu_int4", "group_size": 16})
     assert CpuInt4Config.from_config({"quant_method": "cpu_int4", "group_size": 32}).group_size == 32
+
+
+@pytest.mark.parametrize("name, bad", [("weight_scale", float("nan")), ("weight_zero", float("inf"))])
+def test_nan_or_inf_scale_is_refused_naming_the_tensor(vllm_dist, name, bad):
+    layer = _qkv(_cfg(32))
+    for sid, rows in (("q", 576), ("k", 192), ("v", 192)):
+        t, _ = _quantized(rows, 576, 32)
+        t[name][3, 1] = bad
+        _load(layer, t, sid)
+    with pytest.raises(CheckpointError, match=rf"qkv_proj\.{name}: holds NaN or inf values"):
+        layer.quant_method.process_weights_after_loading(layer)

@@ -107,6 +107,14 @@ def test_soak_refuses_non_loopback():
         soak.require_loopback("http://8.8.8.8:8000")
 
 
+def test_soak_repeat_must_be_positive(tmp_path):
+    from support.cli_runner import run_cli
+
+    proc = run_cli("bench", "soak", "--repeat", "0", "--out", str(tmp_path / "s.json"), timeout=120)
+    assert proc.returncode == 2 and "--repeat 0: must be at least 1" in proc.stderr
+    assert not (tmp_path / "s.json").exists()
+
+
 def test_tool_outcome_classes():
     def body(calls, content=None):
         return {"choices": [{"message": {"content": content, "tool_calls": calls}}]}

@@ -387,11 +387,14 @@ def stop_server(proc: subprocess.Popen, grace_s: float = 30) -> int | None:
 def run(model: str = "default", *, duration_s: float = 600, max_requests: int = 100_000,
         clients: int = 8, max_model_len: int = 2048, serve_args: list[str] | None = None,
         base_url: str | None = None, server_pid: int | None = None, out: str | None = None,
-        warmup_s: float | None = None, seed: int = 0) -> dict:
-    """Start a server (unless ``base_url`` and ``server_pid`` name one), soak it, write the
-    result atomically with provenance."""
+        warmup_s: float | None = None, seed: int = 0, repeat: int = 1) -> dict:
+    """Start a server (unless ``base_url`` and ``server_pid`` name one), soak it ``repeat``
+    times in a row (seeds ``seed``, ``seed + 1``, ...), write the result atomically with
+    provenance. With ``repeat`` > 1 the result holds every run and how many passed in a row."""
     from vllm_edge.common import atomic, provenance
 
+    if repeat < 1:
+        raise SoakError(f"--repeat {repeat}: must be at least 1")
     proc = None
     log_path = Path(out).with_suffix(".server.log") if out else Path("soak.server.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -404,13 +407,25 @@ def run(model: str = "default", *, duration_s: float = 600, max_requests: int = 
         base_url, server_pid = f"http://127.0.0.1:{port}", proc.pid
     elif server_pid is None:
         raise SoakError("--base-url needs --server-pid (the root of the tree whose RssAnon is sampled)")
+    runs: list[dict] = []
     try:
-        result = run_against(base_url, server_pid, model=model, duration_s=duration_s,
-                             max_requests=max_requests, clients=clients,
-                             max_model_len=max_model_len, warmup_s=warmup_s, seed=seed)
+        for i in range(repeat):
+            runs.append(run_against(base_url, server_pid, model=model, duration_s=duration_s,
+                                    max_requests=max_requests, clients=clients,
+                                    max_model_len=max_model_len, warmup_s=warmup_s, seed=seed + i))
     finally:
         if proc is not None:
             stop_server(proc)
+    if repeat == 1:
+        result = runs[0]
+    else:
+        # what the suite's short soak asserts: no error class, no 5xx, healthy after
+        clean = [r["errors"] == {} and r["http_5xx"] == 0 and r["health_after"] == 200 for r in runs]
+        result = {"repeat": repeat, "runs": runs,
+                  "clean_runs": sum(clean),
+                  "clean_in_a_row": next((i for i, ok in enumerate(clean) if not ok), repeat),
+                  "passed": all(r["passed"] for r in runs),
+                  "model_root": runs[-1].get("model_root")}
     if proc is not None:
         result["server"] = {"ready_s": round(ready_s, 1), "serve_args": args,
                             "log": str(log_path), "returncode": proc.returncode}

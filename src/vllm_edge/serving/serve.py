@@ -177,9 +177,11 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
         "64 levels and n over max_num_seqs, and audio/video/embedding/file parts on every route",
         (f"images: data URLs only, {'/'.join(limits.formats)}, up to {limits.max_bytes} bytes "
          f"(VLLM_EDGE_MAX_IMAGE_BYTES) and {limits.max_pixels} pixels "
-         f"(VLLM_EDGE_MAX_IMAGE_PIXELS), {limits.max_images} per request (VLLM_EDGE_MAX_IMAGES, "
-         "also vLLM's limit_mm_per_prompt); a bad one gets a 400/413/415 naming it"
+         f"(VLLM_EDGE_MAX_IMAGE_PIXELS), {limits.max_images} per request; a bad one gets a "
+         "400/413/415 naming it"
          if accepts else "images: refused with a 400 (the model has no vision encoder)")]
+    if accepts:
+        gate_lines.append(f"limit_mm_per_prompt={{image: {limits.max_images}}} (VLLM_EDGE_MAX_IMAGES)")
     argv += list(extra or [])  # after ours, so a user's vLLM flag wins
 
     lines = [f"model: {path}", *wpath.explain(), *edge.explain(),

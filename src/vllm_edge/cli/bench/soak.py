@@ -28,6 +28,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default=None, help="a running server (loopback only)")
     p.add_argument("--server-pid", type=int, default=None, help="its pid, root of the RssAnon tree")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="soak the same server this many times in a row (seeds SEED, SEED+1, ...)")
     add_out(p, default="benchmarks/results/soak.json")
 
 
@@ -38,8 +40,11 @@ def run(args: argparse.Namespace) -> int:
                       clients=args.clients, max_model_len=args.max_model_len,
                       serve_args=["--enforce-eager"] if args.enforce_eager else [],
                       base_url=args.base_url, server_pid=args.server_pid, out=args.out,
-                      warmup_s=args.warmup, seed=args.seed)
+                      warmup_s=args.warmup, seed=args.seed, repeat=args.repeat)
     keys = ("requests", "wall_s", "by_class", "errors", "http_5xx", "ttft_s", "tpot_s", "rss_anon",
             "health_after", "passed")
-    print(json.dumps({k: result[k] for k in keys}, indent=2))
+    for r in result.get("runs", [result]):
+        print(json.dumps({k: r[k] for k in keys}, indent=2))
+    if "runs" in result:
+        print(json.dumps({k: result[k] for k in ("repeat", "clean_runs", "clean_in_a_row", "passed")}))
     return 0 if result["passed"] else 1

@@ -20,6 +20,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--multiprocess", action="store_true",
                    help="vLLM's default engine-core and worker processes instead of one process")
     add_output(p)
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="show vLLM's own output live instead of keeping it in "
+                        "$VLLM_EDGE_HOME/logs/run-*.log (-o json always shows it)")
     add_weight_quant(p)
     p.add_argument("--priority", choices=("speed", "fidelity"), default="speed",
                    help="what the weight-path choice favours (see docs/guide/quantize.md)")
@@ -40,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens, max_model_len=args.max_model_len,
             enforce_eager=args.enforce_eager, one_process=not args.multiprocess, as_json=as_json,
             dtype=weight_dtype(args.quant), priority=args.priority, images=args.image,
+            verbose=args.verbose or as_json,
         )
     chat.print_result(result, as_json)
     return 0

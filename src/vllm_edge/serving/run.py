@@ -1,19 +1,23 @@
 """`vllm-edge run`: load a model in vLLM with the plugin and answer one chat prompt.
 
 Prints the answer, the ready time from process start (imports count), decode
-tokens per second and peak RssAnon summed over the process tree.
+tokens per second and peak RssAnon summed over the process tree. Unless ``verbose``,
+the engine's own output goes to a log file (:mod:`engine_log`); conversion and
+quantization progress bars, which come before it, stay on the terminal.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from vllm_edge.common.procmem import TreeSampler, process_start_epoch
+from vllm_edge.serving import engine_log
 
 DEFAULT_PROMPT = "What is the capital of France?"
 DEFAULT_SYSTEM = "You are a helpful assistant."
@@ -31,7 +35,8 @@ def _histogram(metrics: list, name: str) -> tuple[int, float]:
 def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None = DEFAULT_SYSTEM,
         max_tokens: int = 64, max_model_len: int = 2048, enforce_eager: bool = False,
         one_process: bool = True, as_json: bool = False, dtype: str = "auto",
-        priority: str = "speed", images: list[str] | None = None) -> dict[str, Any]:
+        priority: str = "speed", images: list[str] | None = None,
+        verbose: bool = True) -> dict[str, Any]:
     from vllm_edge.models import vlm
     from vllm_edge.runtime import images as img_mod
     from vllm_edge.runtime import weight_path
@@ -52,16 +57,23 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
     path, wpath = weight_path.model_for_engine(model, priority, dtype)
     img_mod.check_count(len(loaded), limits, model=str(path),
                         accepts_images=img_mod.model_accepts_images(path))
-    # always on stderr, even with -o json: a fallback is never silent
-    for line in wpath.explain():
-        print(f"[vllm-edge] {line}", file=sys.stderr)
-    with TreeSampler() as sampler:
+    # a fallback is never silent, quiet or not, even with -o json
+    if verbose or wpath.fallback_from:
+        for line in wpath.explain():
+            print(f"[vllm-edge] {line}", file=sys.stderr)
+    log = None if verbose else engine_log.new_path()
+    quiet = engine_log.redirected(log) if log else contextlib.nullcontext(sys.stderr)
+    with quiet as term, TreeSampler() as sampler:
+        status(term, log, f"loading {Path(path).name}…")
         edge = edge_engine(path, max_model_len=max_model_len, enforce_eager=enforce_eager,
                            one_process=one_process)
         if img_mod.model_accepts_images(path):
             edge.kwargs["limit_mm_per_prompt"] = {"image": limits.max_images}
         edge.apply_env()
         if not as_json:
+            if log:  # the choices are kept in the log
+                for line in wpath.explain():
+                    print(f"[vllm-edge] {line}", file=sys.stderr)
             print(f"[vllm-edge] model: {path}", file=sys.stderr)
             for line in edge.explain():
                 print(f"[vllm-edge] {line}", file=sys.stderr)
@@ -71,6 +83,7 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
         import_s = time.time() - t0
         llm = LLM(**edge.kwargs, disable_log_stats=False)
         ready_s = time.time() - started
+        status(term, log, "")
         worker = llm.collective_rpc("vllm_edge_report")
         content: Any = prompt
         if loaded:
@@ -108,11 +121,19 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
             "worker": worker,
             "engine": edge.describe(),
             "weight_path": wpath.to_dict(),
+            "log": str(log) if log else None,
         }
         del llm
     result["peak_tree_rss_anon_mb"] = round(sampler.peak_mb, 1)
     result["peak_processes"] = sampler.peak_procs
     return result
+
+
+def status(term: TextIO, log: Path | None, text: str) -> None:
+    """A transient line on an interactive terminal while the engine loads (quiet mode)."""
+    if log and term.isatty():
+        term.write(f"\r\033[K{text}" + (f" (log: {log})" if text else ""))
+        term.flush()
 
 
 def print_result(result: dict[str, Any], as_json: bool) -> None:
@@ -121,11 +142,12 @@ def print_result(result: dict[str, Any], as_json: bool) -> None:
         print(json.dumps(result, default=str), flush=True)
         return
     print(result["answer"].strip())
-    print("---")
     tps = f"{result['decode_tps']:.1f} tok/s" if result["decode_tps"] else "n/a"
-    print(f"ready {result['ready_s']:.1f} s from process start | decode {tps} "
+    print(f"--- ready {result['ready_s']:.1f} s from process start | decode {tps} "
           f"({result['generated_tokens']} tokens) | peak RssAnon {result['peak_tree_rss_anon_mb']:.0f} MB "
           f"over {result['peak_processes']} processes")
+    if result.get("log"):
+        return  # quiet: the patch states are in the log, and in --verbose / -o json
     for w in result["worker"]:
         states = ", ".join(f"{k}={v}" for k, v in w["patches"].items())
         print(f"worker pid {w['pid']}: patches {states}")

@@ -7,33 +7,14 @@ import json
 import pytest
 import torch
 
-from support.checkpoints import no_partial_output
+from support.checkpoints import no_partial_output, tiny_llama_dir
 from vllm_edge.quant import pack
 from vllm_edge.quant.quantize import REPORT_NAME, quantize_model
 
 
 @pytest.fixture
 def tiny_llama(tmp_path):
-    from safetensors.torch import save_file
-
-    src = tmp_path / "tiny"
-    src.mkdir()
-    h, inter, vocab = 128, 256, 512
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h,
-           "intermediate_size": inter, "num_hidden_layers": 1, "num_attention_heads": 4,
-           "num_key_value_heads": 2, "vocab_size": vocab, "tie_word_embeddings": True,
-           "torch_dtype": "bfloat16"}
-    (src / "config.json").write_text(json.dumps(cfg))
-    (src / "tokenizer.json").write_text("{}")
-    t = {"model.embed_tokens.weight": torch.randn(vocab, h), "model.norm.weight": torch.ones(h),
-         "model.layers.0.input_layernorm.weight": torch.ones(h)}
-    for name, shape in {"self_attn.q_proj": (h, h), "self_attn.k_proj": (64, h),
-                        "self_attn.v_proj": (64, h), "self_attn.o_proj": (h, h),
-                        "mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h),
-                        "mlp.down_proj": (h, inter)}.items():
-        t[f"model.layers.0.{name}.weight"] = torch.randn(shape) * 0.05
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in t.items()}, str(src / "model.safetensors"))
-    return src
+    return tiny_llama_dir(tmp_path / "tiny")
 
 
 @pytest.mark.parametrize("group", [64, 32])

@@ -1,8 +1,10 @@
 """Checkpoints made on the spot (a copy of a model directory without its weights, a tiny GGUF
-file of any architecture), and the check that a failed write left nothing behind."""
+file of any architecture, a tiny llama GGUF that converts, a tiny bf16 llama directory that
+quantizes), and the check that a failed write left nothing behind."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -39,3 +41,87 @@ def tiny_gguf(path: Path, arch: str) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def tiny_llama_gguf(path: Path) -> Path:
+    """A complete llama GGUF that ``models import-gguf`` converts in a fraction of a second:
+    one layer 32 wide, a 32-token byte-level vocabulary with merges, special tokens and a chat
+    template; f32 tensors and two Q8_0 ones (so a block type is dequantized too)."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    hidden, ffn, heads, kv_heads = 32, 64, 4, 2
+    tokens = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [
+        "\u0120", "\u0120a", "ab", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny llama")
+    w.add_context_length(64)
+    w.add_embedding_length(hidden)
+    w.add_block_count(1)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (len(tokens) - 3) + [3, 3, 3])  # the last three are control tokens
+    w.add_token_merges(["\u0120 a", "a b"])
+    w.add_bos_token_id(len(tokens) - 3)
+    w.add_eos_token_id(len(tokens) - 1)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                        "<|im_end|>\n{% endfor %}")
+
+    def tensor(name: str, shape: tuple[int, ...], qtype=None) -> None:
+        a = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+        if qtype is None:
+            w.add_tensor(name, a)
+        else:
+            q = gguf.quants.quantize(a, qtype)
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
+
+    kv = kv_heads * hidden // heads
+    tensor("token_embd.weight", (len(tokens), hidden))
+    for name in ("blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "output_norm.weight"):
+        tensor(name, (hidden,))
+    tensor("blk.0.attn_q.weight", (hidden, hidden), gguf.GGMLQuantizationType.Q8_0)
+    tensor("blk.0.attn_k.weight", (kv, hidden))
+    tensor("blk.0.attn_v.weight", (kv, hidden))
+    tensor("blk.0.attn_output.weight", (hidden, hidden))
+    tensor("blk.0.ffn_gate.weight", (ffn, hidden), gguf.GGMLQuantizationType.Q8_0)
+    tensor("blk.0.ffn_up.weight", (ffn, hidden))
+    tensor("blk.0.ffn_down.weight", (hidden, ffn))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def tiny_llama_dir(src: Path) -> Path:
+    """``src`` (created): a one-layer bf16 llama safetensors directory (hidden 128, vocab 512,
+    tied head) with a config and a stub tokenizer, that ``vllm-edge quantize`` takes."""
+    import torch
+    from safetensors.torch import save_file
+
+    src.mkdir()
+    h, inter, vocab = 128, 256, 512
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h,
+           "intermediate_size": inter, "num_hidden_layers": 1, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "vocab_size": vocab, "tie_word_embeddings": True,
+           "torch_dtype": "bfloat16"}
+    (src / "config.json").write_text(json.dumps(cfg))
+    (src / "tokenizer.json").write_text("{}")
+    t = {"model.embed_tokens.weight": torch.randn(vocab, h), "model.norm.weight": torch.ones(h),
+         "model.layers.0.input_layernorm.weight": torch.ones(h)}
+    for name, shape in {"self_attn.q_proj": (h, h), "self_attn.k_proj": (64, h),
+                        "self_attn.v_proj": (64, h), "self_attn.o_proj": (h, h),
+                        "mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h),
+                        "mlp.down_proj": (h, inter)}.items():
+        t[f"model.layers.0.{name}.weight"] = torch.randn(shape) * 0.05
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in t.items()}, str(src / "model.safetensors"))
+    return src

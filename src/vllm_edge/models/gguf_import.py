@@ -9,12 +9,17 @@ source is a no-op.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import math
+import mmap
 import os
+import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Iterator, NamedTuple
 
 from vllm_edge.common import atomic, manifest
 from vllm_edge.common.errors import EdgeError
@@ -41,10 +46,20 @@ ARCH_FINDINGS = {
     ),
 }
 GGUF_MAGIC = b"GGUF"
+# GGUF metadata value types (gguf.GGUFValueType) of a fixed size; 8 is a string, 9 an array.
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+            10: "<Q", 11: "<q", 12: "<d"}
+_GGML_MAX_DIMS = 4
 
 
 class GgufImportError(EdgeError):
     """A GGUF that cannot be imported; the message names the file and the reason."""
+
+
+class GgufTensor(NamedTuple):
+    dims: tuple[int, ...]  # in GGUF order: the fastest-moving (a row's length) first
+    ggml_type: int
+    n_bytes: int
 
 
 @dataclass
@@ -53,6 +68,8 @@ class GgufInfo:
     architecture: str
     name: str | None
     tensor_count: int
+    metadata: dict[str, Any] = field(default_factory=dict, repr=False)
+    tensors: dict[str, GgufTensor] = field(default_factory=dict, repr=False)
 
 
 def sha256_file(path: Path) -> str:
@@ -72,36 +89,186 @@ def inspect_gguf(path: str | os.PathLike) -> GgufInfo:
         raise GgufImportError(f"{path}: not a regular file")
     with open(path, "rb") as f:
         head = f.read(8)
-    if len(head) < 8 or head[:4] != GGUF_MAGIC:
-        raise GgufImportError(f"{path}: not a GGUF file (bad magic {head[:4]!r})")
-    version = struct.unpack("<I", head[4:8])[0]
-    if version not in (2, 3):
-        raise GgufImportError(f"{path}: unsupported GGUF version {version}")
-    from gguf import GGUFReader
-
-    try:
-        reader = GGUFReader(str(path))
-    except Exception as exc:  # the reader raises assorted errors on truncation
-        raise GgufImportError(f"{path}: unreadable or truncated GGUF ({type(exc).__name__}: {exc})") from None
-
-    def field_str(key: str) -> str | None:
-        fld = reader.fields.get(key)
-        if fld is None:
-            return None
-        return bytes(fld.parts[fld.data[0]]).decode("utf-8", "replace")
-
-    arch = field_str("general.architecture")
-    if arch is None:
+        if len(head) < 8 or head[:4] != GGUF_MAGIC:
+            raise GgufImportError(f"{path}: not a GGUF file (bad magic {head[:4]!r})")
+        version = struct.unpack("<I", head[4:8])[0]
+        if version not in (2, 3):
+            raise GgufImportError(f"{path}: unsupported GGUF version {version}")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            metadata, tensors = _Header(path, buf).read()
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str):
         raise GgufImportError(f"{path}: missing general.architecture")
-    # A truncated file can still parse its header: check every tensor's data lies inside it.
-    size = path.stat().st_size
-    for t in reader.tensors:
-        end = int(t.data_offset) + int(t.n_bytes)
-        if end > size:
+    name = metadata.get("general.name")
+    return GgufInfo(path=path, architecture=arch, name=name if isinstance(name, str) else None,
+                    tensor_count=len(tensors), metadata=metadata, tensors=tensors)
+
+
+class _Header:
+    """A bounded walk of a GGUF's metadata and tensor table. Every length and count is checked
+    against the bytes left before it is used: gguf's own reader trusts them, and on a huge
+    array count in a truncated file loops without end while its memory grows."""
+
+    def __init__(self, path: Path, buf: mmap.mmap) -> None:
+        self.path, self.buf, self.pos = path, buf, 8
+
+    def fail(self, why: str) -> GgufImportError:
+        return GgufImportError(f"{self.path}: unreadable or truncated GGUF: {why}")
+
+    def room(self, n: int, what: str) -> None:
+        if n > len(self.buf) - self.pos:
+            raise self.fail(f"{what} at byte {self.pos} needs {n} bytes, but the file ends at "
+                            f"byte {len(self.buf)}")
+
+    def take(self, n: int, what: str) -> int:
+        self.room(n, what)
+        self.pos += n
+        return self.pos - n
+
+    def unpack(self, fmt: str, what: str) -> Any:
+        return struct.unpack_from(fmt, self.buf, self.take(struct.calcsize(fmt), what))[0]
+
+    def string(self, what: str) -> str:
+        n = self.unpack("<Q", f"{what} (its length)")
+        start = self.take(n, what)
+        try:
+            return self.buf[start:start + n].decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.fail(f"{what} is not valid UTF-8") from None
+
+    def value(self, vtype: int, what: str) -> Any:
+        if vtype in _SCALARS:
+            return self.unpack(_SCALARS[vtype], what)
+        if vtype == 8:
+            return self.string(what)
+        if vtype != 9:
+            raise self.fail(f"{what} has unknown value type {vtype}")
+        etype = self.unpack("<I", f"{what} (its element type)")
+        count = self.unpack("<Q", f"{what} (its length)")
+        if etype in _SCALARS:
+            code = _SCALARS[etype][1]
+            start = self.take(count * struct.calcsize(code), f"{what} ({count} values)")
+            return list(struct.unpack_from(f"<{count}{code}", self.buf, start))
+        if etype == 8:
+            self.room(count * 8, f"{what} ({count} strings)")  # each at least its 8-byte length
+            return [self.string(f"{what}[{i}]") for i in range(count)]
+        raise self.fail(f"{what} is an array of type {etype}, which is not supported")
+
+    def read(self) -> tuple[dict[str, Any], dict[str, GgufTensor]]:
+        n_tensors = self.unpack("<Q", "the tensor count")
+        n_kv = self.unpack("<Q", "the metadata count")
+        self.room(n_kv * 13, f"{n_kv} metadata entries")  # key length, type, one byte
+        metadata: dict[str, Any] = {}
+        for i in range(n_kv):
+            key = self.string(f"metadata key #{i}")
+            if key in metadata:
+                raise self.fail(f"metadata {key} appears twice")
+            metadata[key] = self.value(self.unpack("<I", f"metadata {key} (its type)"), f"metadata {key}")
+        self.room(n_tensors * 24, f"{n_tensors} tensor entries")  # name length, dims, type, offset
+        table = []
+        for i in range(n_tensors):
+            name = self.string(f"tensor name #{i}")
+            n_dims = self.unpack("<I", f"tensor {name} (its dimension count)")
+            if not 1 <= n_dims <= _GGML_MAX_DIMS:
+                raise self.fail(f"tensor {name} has {n_dims} dimensions (1 to {_GGML_MAX_DIMS} allowed)")
+            start = self.take(8 * n_dims, f"tensor {name} (its shape)")
+            dims = struct.unpack_from(f"<{n_dims}Q", self.buf, start)
+            ggml_type = self.unpack("<I", f"tensor {name} (its type)")
+            table.append((name, dims, ggml_type, self.unpack("<Q", f"tensor {name} (its offset)")))
+        return metadata, self.tensors(table, metadata.get("general.alignment", 32))
+
+    def tensors(self, table: list, alignment: Any) -> dict[str, GgufTensor]:
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        if type(alignment) is not int or alignment < 1 or alignment & (alignment - 1):
+            raise self.fail(f"general.alignment={alignment!r} is not a power of two")
+        data_start = -(-self.pos // alignment) * alignment
+        size = len(self.buf)
+        out: dict[str, GgufTensor] = {}
+        for name, dims, ggml_type, offset in table:
+            if name in out:
+                raise self.fail(f"tensor {name} appears twice")
+            try:
+                block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+            except (ValueError, KeyError):
+                raise self.fail(f"tensor {name} has unknown ggml type {ggml_type}") from None
+            if dims[0] % block:
+                raise self.fail(f"tensor {name}: a row of {dims[0]} values is not a whole number "
+                                f"of blocks of {block}")
+            n_bytes = math.prod(dims) // block * type_size
+            end = data_start + offset + n_bytes
+            # A truncated file can still hold its whole header: its tensors' data must lie inside it.
+            if end > size:
+                raise GgufImportError(f"{self.path}: truncated: tensor {name} ends at byte {end} "
+                                      f"but the file has {size}")
+            out[name] = GgufTensor(tuple(dims), ggml_type, n_bytes)
+        return out
+
+
+def _check_tokenizer(info: GgufInfo) -> None:
+    """The vocabulary, and the special-token ids in it: transformers indexes it with them unchecked."""
+    path, meta = info.path, info.metadata
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        raise GgufImportError(f"{path}: metadata tokenizer.ggml.tokens is missing or not a list of strings")
+    for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
+        v = meta.get(f"tokenizer.ggml.{key}")
+        if v is not None and (type(v) is not int or not 0 <= v < len(tokens)):
+            raise GgufImportError(f"{path}: metadata tokenizer.ggml.{key}={v!r} is not a token id "
+                                  f"(the vocabulary has {len(tokens)} tokens)")
+
+
+# Each llama tensor's shape in GGUF order, from the hyperparameters (see _check_llama).
+_LLAMA_LAYER = {"attn_norm": ("hidden",), "ffn_norm": ("hidden",), "attn_q": ("hidden", "q"),
+                "attn_k": ("hidden", "kv"), "attn_v": ("hidden", "kv"), "attn_output": ("q", "hidden"),
+                "ffn_gate": ("hidden", "ffn"), "ffn_up": ("hidden", "ffn"), "ffn_down": ("ffn", "hidden")}
+
+
+def _check_llama(info: GgufInfo) -> None:
+    """The hyperparameters transformers builds the model from agree with the tensors it then
+    loads: a corrupt count (a layer count of 2**32) would have it allocate without end, and a
+    missing or renamed tensor would leave a layer at its random initial values."""
+    path, meta, tensors = info.path, info.metadata, info.tensors
+
+    def count(key: str, default: int | None = None) -> int:
+        v = meta.get(f"llama.{key}", default)
+        if type(v) is not int or v < 1:
+            raise GgufImportError(f"{path}: metadata llama.{key}={v!r}; expected a positive integer")
+        return v
+
+    layers, hidden, ffn = count("block_count"), count("embedding_length"), count("feed_forward_length")
+    heads = count("attention.head_count")
+    kv_heads = count("attention.head_count_kv", heads)
+    count("context_length")
+    if hidden % heads or heads % kv_heads:
+        raise GgufImportError(f"{path}: metadata llama.embedding_length={hidden}, attention.head_count="
+                              f"{heads}, attention.head_count_kv={kv_heads}: the heads must divide the "
+                              "width, and the KV heads the heads")
+    head_dim = count("rope.dimension_count", hidden // heads)
+    found = {int(m[1]) for name in tensors if (m := re.match(r"blk\.(\d+)\.", name))}
+    if len(found) != layers or max(found, default=-1) != layers - 1:  # blocks 0 .. layers-1
+        raise GgufImportError(f"{path}: metadata llama.block_count={layers}, but the file has tensors "
+                              f"for layers {sorted(found)[:8]}{' ...' if len(found) > 8 else ''}")
+    sizes = {"hidden": hidden, "ffn": ffn, "q": heads * head_dim, "kv": kv_heads * head_dim}
+    embd = tensors.get("token_embd.weight")
+    vocab = embd.dims[-1] if embd else 0
+    want = {"token_embd.weight": (hidden, vocab), "output_norm.weight": (hidden,)}
+    if "output.weight" in tensors:
+        want["output.weight"] = (hidden, vocab)
+    for i in range(layers):
+        want.update({f"blk.{i}.{t}.weight": tuple(sizes[d] for d in dims)
+                     for t, dims in _LLAMA_LAYER.items()})
+    for name, shape in want.items():
+        if name not in tensors:
+            raise GgufImportError(f"{path}: missing tensor {name}")
+        if tensors[name].dims != shape:
             raise GgufImportError(
-                f"{path}: truncated: tensor {t.name} ends at byte {end} but the file has {size}"
-            )
-    return GgufInfo(path=path, architecture=arch, name=field_str("general.name"), tensor_count=len(reader.tensors))
+                f"{path}: tensor {name} has shape {list(tensors[name].dims)}, but the metadata makes "
+                f"it {list(shape)} (llama.embedding_length={hidden}, feed_forward_length={ffn}, "
+                f"attention.head_count={heads}, attention.head_count_kv={kv_heads}, head size {head_dim})")
+    if meta.get("llama.vocab_size", vocab) != vocab:
+        raise GgufImportError(f"{path}: metadata llama.vocab_size={meta['llama.vocab_size']!r}, but "
+                              f"token_embd.weight has {vocab} rows")
 
 
 def import_gguf(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, progress: bool = True) -> Path:
@@ -115,6 +282,9 @@ def import_gguf(src: str | os.PathLike, out: str | os.PathLike, *, force: bool =
             "other architectures is not verified against llama.cpp, and for gemma3 it is known "
             "to produce a wrong model. " + ARCH_FINDINGS.get(info.architecture, "")
         )
+    _check_tokenizer(info)
+    if info.architecture == "llama":
+        _check_llama(info)
     atomic.check_destination(out, kind=KIND, inputs=[src], force=force)
     source_sha = sha256_file(src)
     with atomic.lock(out):
@@ -136,12 +306,14 @@ def _convert(src: Path, out: Path, info: GgufInfo, source_sha: str, *, force: bo
     bar = _progress(len(steps), f"import {src.name}", progress)
     with atomic.directory(out, kind=KIND, inputs=[src], force=force) as tmp:
         bar.set_postfix_str(steps[0])
-        tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+        with _read_by_transformers(src, "tokenizer"):
+            tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
         bar.update(1)
         bar.set_postfix_str(steps[1])
-        model = AutoModelForCausalLM.from_pretrained(
-            str(src.parent), gguf_file=src.name, dtype=torch.bfloat16
-        )
+        with _read_by_transformers(src, "weights"):
+            model = AutoModelForCausalLM.from_pretrained(
+                str(src.parent), gguf_file=src.name, dtype=torch.bfloat16
+            )
         bar.update(1)
         bar.set_postfix_str(steps[2])
         # The weights are dequantized now: the saved model must not claim a GGUF quantizer.
@@ -167,6 +339,20 @@ def _convert(src: Path, out: Path, info: GgufInfo, source_sha: str, *, force: bo
         bar.update(1)
     bar.close()
     return out
+
+
+@contextlib.contextmanager
+def _read_by_transformers(src: Path, what: str) -> Iterator[None]:
+    """What transformers raises on a file inspect_gguf passed (its own GGUF reader and
+    tokenizer builder raise KeyError, IndexError, ValueError, ... on odd metadata), as an
+    error naming the file."""
+    try:
+        yield
+    except ImportError:
+        raise  # a missing package, not a bad file
+    except Exception as exc:
+        raise GgufImportError(f"{src}: transformers cannot read its {what} "
+                              f"({type(exc).__name__}: {exc})") from None
 
 
 def _progress(total: int, desc: str, enabled: bool):

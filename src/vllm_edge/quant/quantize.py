@@ -53,10 +53,12 @@ def read_source_config(src: Path) -> dict:
         config = json.loads(path.read_text())
     except FileNotFoundError:
         raise QuantizeError(f"{path}: missing; the source must be a Hugging Face model directory") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise QuantizeError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(config, dict):
         raise QuantizeError(f"{path}: expected a JSON object")
+    if not isinstance(config.get("text_config", {}), dict):
+        raise QuantizeError(f"{path}: field text_config={config['text_config']!r}; expected a JSON object")
     archs = config.get("architectures") or []
     if not isinstance(archs, list) or not any(a in ARCHITECTURES for a in archs):
         raise QuantizeError(f"{path}: field architectures={archs!r} is not supported; "

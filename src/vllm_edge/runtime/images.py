@@ -156,7 +156,9 @@ def load(source: str | os.PathLike, limits: ImageLimits | None = None) -> Loaded
             f"formats: {', '.join(limits.formats)}", status=415) from None
     except Image.DecompressionBombError as exc:
         raise ImageInputError(f"{name}: {exc}", status=413) from None
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
+        # ValueError: PIL's header parsers raise it too (a truncated PNG IHDR, a PNG text or ICC
+        # chunk that inflates past MAX_TEXT_CHUNK, a PPM size that is not a number)
         raise ImageInputError(f"{name}: cannot decode the image header ({exc})") from None
     fmt = (img.format or "").upper()
     if fmt not in limits.formats:

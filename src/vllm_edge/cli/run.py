@@ -1,20 +1,38 @@
-"""`vllm-edge run`: load a model and answer one chat prompt."""
+"""`vllm-edge run`: chat with a model kept loaded in a background server, or answer one
+prompt in this process."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from vllm_edge.cli.args import add_model, add_output, add_weight_quant, reported, weight_dtype
 
 NAME = "run"
-HELP = "load a model and answer one chat prompt"
+HELP = "chat with a model (kept loaded in a background server), or answer one prompt"
+DESCRIPTION = (
+    "With no --prompt on a terminal: an interactive chat (/? for commands, Ctrl-D to leave). "
+    "With --prompt, or text on stdin: one streamed answer. The model is served by a "
+    "background `vllm-edge serve` on 127.0.0.1 that the next `run` reuses and that stops "
+    "after --keep-alive without a request (`vllm-edge ps`, `vllm-edge stop`). --keep-alive 0, "
+    "-o json, --image and --multiprocess load the model in this process instead and report "
+    "its ready time, memory and patch states.")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     add_model(p)
-    p.add_argument("--prompt", default=None, help="user message (default: the capital of France)")
+    p.add_argument("--prompt", default=None,
+                   help="one user message to answer (default: a chat on a terminal, else stdin, "
+                        "else the capital of France)")
     p.add_argument("--system", default=None, help="system message ('' for none)")
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="per answer (default: 64 for one answer, 512 in the chat)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature (default: 0, greedy, for one answer; 0.7 in the chat)")
+    p.add_argument("--keep-alive", default="5m", metavar="DURATION",
+                   help="how long the background server stays loaded after the last request "
+                        "(300, 30s, 5m, 1h); 0: load the model in this process and exit after "
+                        "answering (default: %(default)s)")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--enforce-eager", action="store_true", help="skip torch.compile")
     p.add_argument("--multiprocess", action="store_true",
@@ -33,17 +51,64 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_edge.serving import run as chat
+    from vllm_edge.serving import keepalive
 
     as_json = args.output == "json"
+    keep_s = keepalive.parse_duration(args.keep_alive)
+    if keep_s and not (as_json or args.image or args.multiprocess):
+        return client(args, keep_s)
+    from vllm_edge.serving import run as chat
+
     with reported(ValueError):
         result = chat.run(
             model=args.model, prompt=chat.DEFAULT_PROMPT if args.prompt is None else args.prompt,
             system=(chat.DEFAULT_SYSTEM if args.system is None else args.system) or None,
-            max_tokens=args.max_tokens, max_model_len=args.max_model_len,
+            max_tokens=args.max_tokens or 64, max_model_len=args.max_model_len,
             enforce_eager=args.enforce_eager, one_process=not args.multiprocess, as_json=as_json,
             dtype=weight_dtype(args.quant), priority=args.priority, images=args.image,
             verbose=args.verbose or as_json,
         )
     chat.print_result(result, as_json)
+    return 0
+
+
+def client(args: argparse.Namespace, keep_s: float) -> int:
+    """`run` against a keep-alive server: started if none is up, reused if one is."""
+    import time
+
+    from vllm_edge.common.procmem import process_start_epoch, tree_rss_anon_mb
+    from vllm_edge.serving import chat, keepalive
+    from vllm_edge.serving.run import DEFAULT_PROMPT, DEFAULT_SYSTEM
+
+    started = process_start_epoch()
+    interactive = args.prompt is None and sys.stdin.isatty()
+    prompt = args.prompt
+    if prompt is None and not interactive:
+        prompt = sys.stdin.read().strip() or DEFAULT_PROMPT
+    flags = ["--max-model-len", str(args.max_model_len), "--priority", args.priority]
+    flags += ["--enforce-eager"] if args.enforce_eager else []
+    t0 = time.time()
+    rec, new = keepalive.ensure(args.model, args.quant, keep_s, flags,
+                                say=lambda m: print(f"[vllm-edge] {m}", file=sys.stderr))
+    how = f"started, ready in {time.time() - t0:.1f} s" if new else "reused"
+    name = keepalive.served_name(rec)
+    settings = chat.Settings(
+        temperature=args.temperature if args.temperature is not None else (0.7 if interactive else 0.0),
+        max_tokens=args.max_tokens or (512 if interactive else 64),
+        system=(DEFAULT_SYSTEM if args.system is None else args.system) or None)
+    if interactive:
+        return chat.repl(rec.url, name, settings, banner=(
+            f"vllm-edge chat: {args.model} on server pid {rec.pid} ({how}; it stays loaded "
+            f"{rec.keep_alive_s:g} s after the last request, `vllm-edge stop` ends it). /? for commands, "
+            "/bye or Ctrl-D to leave."))
+    ans = chat.stream_answer(rec.url, name, chat.turn([{"role": "user", "content": prompt}],
+                                                      settings), settings, sys.stdout)
+    print()
+    if args.prompt is not None:  # a pipe gets the answer alone
+        mb, procs = tree_rss_anon_mb(rec.pid)
+        first = f"{ans.first_token_at - started:.2f} s" if ans.first_token_at else "n/a"
+        tps = f"{ans.decode_tps:.1f} tok/s" if ans.decode_tps else "n/a"
+        print(f"--- server pid {rec.pid} on 127.0.0.1:{rec.port} ({how}) | first token {first} "
+              f"after the command | decode {tps} ({ans.completion_tokens} tokens) | server "
+              f"RssAnon {mb:.0f} MB over {procs} processes", file=sys.stderr)
     return 0

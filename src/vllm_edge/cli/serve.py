@@ -31,6 +31,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tool-call-parser", default=None,
                    help="vLLM tool-call parser name, or 'none' (default: chosen from the chat template)")
     p.add_argument("--chat-template", default=None, help="Jinja chat template file")
+    p.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
+                   help="stop after this many seconds without a request (the keep-alive server "
+                        "`run` starts); default: never")
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="names requests may use (default: the embedded key and 'default', or MODEL)")
 
@@ -44,4 +47,4 @@ def run(args: argparse.Namespace) -> int:
             max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager,
             dtype=weight_dtype(args.quant), priority=args.priority, multiprocess=args.multiprocess,
             tool_call_parser=args.tool_call_parser, chat_template=args.chat_template,
-            served_model_name=args.served_model_name, api_key=args.api_key, extra=getattr(args, "vllm_extra", []))
+            served_model_name=args.served_model_name, api_key=args.api_key, idle_exit_s=args.idle_exit, extra=getattr(args, "vllm_extra", []))

@@ -99,9 +99,12 @@ def process_start_epoch(pid: int | None = None) -> float:
     # Field 22 (starttime, clock ticks after boot); comm may contain spaces.
     fields = stat[stat.rindex(")") + 2 :].split()
     start_ticks = int(fields[19])
-    with open("/proc/stat") as f:
-        btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-    return btime + start_ticks / os.sysconf("SC_CLK_TCK")
+    # Age from /proc/uptime, not btime + ticks: btime is whole seconds, which put the start
+    # up to a second early.
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    now = time.time()
+    return now - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
 
 
 @dataclass

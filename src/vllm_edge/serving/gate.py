@@ -22,6 +22,11 @@ vLLM loads it from its own ``--middleware vllm_edge.serving.gate.RequestGate`` f
 
 A request that passes is replayed to vLLM byte for byte. Bodies that are not JSON are
 left to vLLM's own validation, inside the size cap.
+
+The gate also keeps the server's activity (requests in flight, time since the last one),
+answers it on ``GET /vllm-edge/status`` for `vllm-edge ps`, and with ``idle_exit_s`` stops
+the server (SIGTERM to itself, vLLM's graceful shutdown) after that long without a request:
+the keep-alive server that `run` starts.
 """
 
 from __future__ import annotations
@@ -29,6 +34,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
+import signal
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterator
 
@@ -76,6 +85,7 @@ class GateConfig:
     max_n: int | None = None
     api_keys: tuple[str, ...] = ()
     model: str | None = None
+    idle_exit_s: float | None = None  # stop the server after this long without a request
 
     @property
     def body_cap(self) -> int:
@@ -101,6 +111,40 @@ class GateConfig:
 
 
 _configured: GateConfig | None = None
+STATUS_PATH = "/vllm-edge/status"
+
+
+class Activity:
+    """Requests in flight and the time of the last one, for this server process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.requests = 0
+        self.last = time.monotonic()
+
+    def begin(self) -> None:
+        with self.lock:
+            self.in_flight += 1
+            self.requests += 1
+            self.last = time.monotonic()
+
+    def end(self) -> None:
+        with self.lock:
+            self.in_flight -= 1
+            self.last = time.monotonic()
+
+    def idle_s(self) -> float:
+        with self.lock:
+            return 0.0 if self.in_flight else time.monotonic() - self.last
+
+
+def _watch_idle(activity: Activity, limit_s: float, poll_s: float = 1.0) -> None:
+    while True:
+        time.sleep(poll_s)
+        if activity.idle_s() >= limit_s:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
 
 
 def configure(config: GateConfig) -> None:
@@ -205,6 +249,10 @@ class RequestGate:
     def __init__(self, app: ASGIApp, config: GateConfig | None = None) -> None:
         self.app = app
         self.config = config or _configured or GateConfig.from_env()
+        self.activity = Activity()
+        if self.config.idle_exit_s:
+            threading.Thread(target=_watch_idle, args=(self.activity, self.config.idle_exit_s),
+                             name="vllm-edge-idle-exit", daemon=True).start()
         self.entry: ASGIApp = self._gate
         if self.config.api_keys:
             from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
@@ -216,7 +264,27 @@ class RequestGate:
         return f"RequestGate({cfg})"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.entry(scope, receive, send)
+        if scope["type"] == "http" and scope.get("path") == STATUS_PATH:
+            await self._status(send)
+            return
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self.entry(scope, receive, send)  # health checks and listings are not use
+            return
+        self.activity.begin()
+        try:
+            await self.entry(scope, receive, send)
+        finally:
+            self.activity.end()
+
+    async def _status(self, send: Send) -> None:
+        payload = json.dumps({"pid": os.getpid(), "idle_s": round(self.activity.idle_s(), 1),
+                              "in_flight": self.activity.in_flight,
+                              "requests": self.activity.requests,
+                              "idle_exit_s": self.config.idle_exit_s}).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload})
 
     async def _gate(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):

@@ -142,12 +142,14 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
          dtype: str = "auto", priority: str = "speed", multiprocess: bool = False,
          tool_call_parser: str | None = None, chat_template: str | None = None,
          served_model_name: list[str] | None = None, api_key: str | None = None,
-         extra: list[str] | None = None) -> ServePlan:
+         idle_exit_s: float | None = None, extra: list[str] | None = None) -> ServePlan:
     from vllm_edge.models import store
     from vllm_edge.runtime import images, weight_path
     from vllm_edge.runtime.engine import edge_engine
     from vllm_edge.serving.gate import GateConfig
 
+    if idle_exit_s is not None and idle_exit_s <= 0:
+        raise ServeError(f"--idle-exit {idle_exit_s:g}: must be more than 0 seconds")
     path, wpath = weight_path.model_for_engine(model, priority, dtype)
     key = store.resolve_key(model).key if (model == "default" or model in store.MODELS) else None
     edge = edge_engine(path, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
@@ -166,7 +168,8 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
                  "--tool-strict-level", TOOL_STRICT_LEVEL]
     accepts = images.model_accepts_images(path)
     # a bad VLLM_EDGE_MAX_IMAGE* or VLLM_EDGE_MAX_BODY_BYTES fails here, not at start
-    gate = GateConfig.from_env(accepts_images=accepts, model=model, api_keys=())
+    gate = GateConfig.from_env(accepts_images=accepts, model=model, api_keys=(),
+                               idle_exit_s=idle_exit_s)
     limits = gate.images
     argv += ["--middleware", GATE]
     if accepts:
@@ -187,6 +190,8 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
     lines = [f"model: {path}", *wpath.explain(), *edge.explain(),
              f"served model names: {', '.join(names)} (requests may use any of them)",
              f"tool calls: {tools_why}", *gate_lines]
+    if idle_exit_s:
+        lines.append(f"idle exit: stops after {idle_exit_s:g} s without a request (--idle-exit)")
     if parser:
         lines.append(f"tool strict level: {TOOL_STRICT_LEVEL}: {TOOL_STRICT_WHY}")
     if template:

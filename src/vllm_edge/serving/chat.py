@@ -1,0 +1,169 @@
+"""`run` as a client of a keep-alive server: one streamed answer, the pipe mode, and the
+interactive chat.
+
+Answers stream as the server sends them (OpenAI chat completions with ``stream``), so
+the first words show after one prefill. Ctrl-C while an answer streams closes the
+connection, which aborts the request in the engine, and keeps the session. The REPL
+keeps the history and sends it whole each turn; the server applies the model's chat
+template and its prefix cache makes the repeated history cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, TextIO
+
+from vllm_edge.common.errors import EdgeError
+
+HELP = """commands:
+  /set temperature X | top_p X | max_tokens N | system TEXT   sampling and the system message
+  /show        the current settings
+  /clear       forget the conversation (keeps the system message)
+  /bye         leave (or Ctrl-D); Ctrl-C stops an answer"""
+
+
+class ChatError(EdgeError):
+    pass
+
+
+@dataclass
+class Settings:
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_tokens: int = 512
+    system: str | None = None
+
+    def set(self, name: str, value: str) -> str:
+        kinds: dict[str, Callable[[str], Any]] = {"temperature": float, "top_p": float,
+                                                 "max_tokens": int, "system": str}
+        if name not in kinds:
+            raise ChatError(f"/set {name}: unknown; one of {', '.join(kinds)}")
+        try:
+            v = kinds[name](value)
+        except ValueError:
+            raise ChatError(f"/set {name} {value!r}: expected {kinds[name].__name__}") from None
+        if name == "max_tokens" and v < 1 or name in ("temperature", "top_p") and v < 0:
+            raise ChatError(f"/set {name} {value}: out of range")
+        setattr(self, name, v or None if name == "system" else v)
+        return f"{name} = {getattr(self, name)!r}"
+
+
+@dataclass
+class Answer:
+    text: str = ""
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    first_token_at: float | None = None  # time.time()
+    started_at: float = field(default_factory=time.time)
+    ended_at: float | None = None
+
+    @property
+    def decode_tps(self) -> float | None:
+        if self.first_token_at is None or self.ended_at is None or self.completion_tokens < 2:
+            return None
+        span = self.ended_at - self.first_token_at
+        return (self.completion_tokens - 1) / span if span > 0 else None
+
+
+def stream_answer(base_url: str, model: str, messages: list[dict], settings: Settings,
+                  out: TextIO) -> Answer:
+    """One chat completion, streamed to ``out`` as it arrives."""
+    import httpx
+
+    body = {"model": model, "messages": messages, "stream": True,
+            "stream_options": {"include_usage": True}, "temperature": settings.temperature,
+            "top_p": settings.top_p, "max_tokens": settings.max_tokens}
+    ans = Answer()
+    try:
+        with httpx.stream("POST", base_url + "/v1/chat/completions", json=body,
+                          timeout=httpx.Timeout(None, connect=10)) as r:
+            if r.status_code != 200:
+                r.read()
+                try:
+                    msg = r.json()["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    msg = r.text[:300]
+                raise ChatError(f"the server answered {r.status_code}: {msg}")
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    ans.completion_tokens = chunk["usage"].get("completion_tokens") or 0
+                for ch in chunk.get("choices") or []:
+                    piece = (ch.get("delta") or {}).get("content") or ""
+                    if piece:
+                        if ans.first_token_at is None:
+                            ans.first_token_at = time.time()
+                            piece = piece.lstrip() if not ans.text else piece
+                        ans.text += piece
+                        out.write(piece)
+                        out.flush()
+                    ans.finish_reason = ch.get("finish_reason") or ans.finish_reason
+    except httpx.HTTPError as exc:
+        raise ChatError(f"lost the model server at {base_url} ({type(exc).__name__}: {exc})") from None
+    ans.ended_at = time.time()
+    return ans
+
+
+def turn(messages: list[dict], settings: Settings) -> list[dict]:
+    return ([{"role": "system", "content": settings.system}] if settings.system else []) + messages
+
+
+def repl(base_url: str, model: str, settings: Settings, *, banner: str,
+         read: Callable[[str], str] = input, out: TextIO = sys.stdout) -> int:
+    """The interactive chat: returns 0 on /bye or Ctrl-D."""
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+    except ImportError:
+        pass
+    out.write(banner + "\n")
+    history: list[dict] = []
+    while True:
+        try:
+            line = read(">>> ")
+        except EOFError:
+            out.write("\n")
+            return 0
+        except KeyboardInterrupt:
+            out.write("\n(Ctrl-D or /bye to leave)\n")
+            continue
+        text = line.strip()
+        if not text:
+            continue
+        if text.startswith("/"):
+            cmd, _, rest = text.partition(" ")
+            if cmd in ("/bye", "/exit", "/quit"):
+                return 0
+            if cmd == "/clear":
+                history.clear()
+                out.write("(conversation cleared)\n")
+            elif cmd == "/show":
+                out.write(f"temperature={settings.temperature} top_p={settings.top_p} "
+                          f"max_tokens={settings.max_tokens} system={settings.system!r} "
+                          f"history={len(history)} messages\n")
+            elif cmd == "/set":
+                name, _, value = rest.strip().partition(" ")
+                try:
+                    out.write(settings.set(name, value.strip()) + "\n")
+                except ChatError as exc:
+                    out.write(f"{exc}\n")
+            else:
+                out.write(HELP + "\n")
+            continue
+        history.append({"role": "user", "content": text})
+        try:
+            ans = stream_answer(base_url, model, turn(history, settings), settings, out)
+        except KeyboardInterrupt:
+            out.write("\n(stopped)\n")
+            history.pop()
+            continue
+        except ChatError as exc:
+            out.write(f"\nerror: {exc}\n")
+            history.pop()
+            continue
+        out.write("\n")
+        history.append({"role": "assistant", "content": ans.text})

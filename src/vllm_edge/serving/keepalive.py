@@ -1,0 +1,226 @@
+"""Keep-alive model servers: `run` talks to a `vllm-edge serve` that stays loaded.
+
+One record per server under ``$VLLM_EDGE_HOME/servers/`` (model, port, pid, keep-alive,
+log). A record counts only while its process answers ``/vllm-edge/status`` on loopback
+with its own pid; anything else is stale and removed by whoever finds it. Starting a
+server holds a per-model file lock until it is healthy, so two `run`s started together
+start one server and the second reuses it. Servers bind 127.0.0.1 only and stop
+themselves after their keep-alive without a request (``serve --idle-exit``).
+
+Nothing here imports torch or vLLM: a `run` that finds its server starts in a fraction
+of a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from vllm_edge.common.errors import EdgeError
+
+HOST = "127.0.0.1"
+DEFAULT_KEEP_ALIVE_S = 300.0
+STATUS_PATH = "/vllm-edge/status"  # answered by serving.gate
+
+
+class KeepAliveError(EdgeError):
+    pass
+
+
+@dataclass
+class Record:
+    key: str  # what `run` asked for: model and weight path
+    model: str
+    quant: str
+    port: int
+    pid: int
+    keep_alive_s: float
+    log: str
+    started: float = field(default_factory=time.time)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+
+def state_dir() -> Path:
+    from vllm_edge import envs
+
+    return envs.home() / "servers"
+
+
+def model_id(model: str) -> str:
+    """An embedded key as is, a path made absolute."""
+    if model != "default" and ("/" in model or os.path.exists(model)):
+        return str(Path(model).expanduser().resolve())
+    return model
+
+
+def server_key(model: str, quant: str) -> str:
+    """The identity of a server: the model and its weight path."""
+    return f"{model_id(model)}|{quant}"
+
+
+def _slug(key: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", key).strip("_")[-120:]
+
+
+def parse_duration(text: str) -> float:
+    """``300``, ``30s``, ``5m``, ``1h`` -> seconds; ``0`` means no server."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(text))
+    if not m:
+        raise KeepAliveError(f"--keep-alive {text!r}: write seconds or a number with s, m or h "
+                             "(e.g. 300, 5m, 0)")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def status(port: int, timeout: float = 2.0) -> dict[str, Any] | None:
+    """The server's own view (pid, idle_s, in_flight, requests), or None."""
+    import httpx
+
+    try:
+        r = httpx.get(f"http://{HOST}:{port}{STATUS_PATH}", timeout=timeout)
+        return r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read(path: Path) -> Record | None:
+    try:
+        return Record(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def records(clean: bool = True) -> list[tuple[Record, dict[str, Any]]]:
+    """Live servers with their status; stale or unreadable records are removed."""
+    out = []
+    for path in sorted(state_dir().glob("*.json")) if state_dir().is_dir() else []:
+        rec = _read(path)
+        st = status(rec.port) if rec and _pid_alive(rec.pid) else None
+        if rec and st and st.get("pid") == rec.pid:
+            out.append((rec, st))
+        elif clean and (rec is None or not _pid_alive(rec.pid)):
+            path.unlink(missing_ok=True)  # a starting server is alive but not answering yet
+    return out
+
+
+def find(key: str) -> Record | None:
+    for rec, _ in records():
+        if rec.key == key:
+            return rec
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def ensure(model: str, quant: str, keep_alive_s: float, serve_flags: list[str] | None = None,
+           *, say: Callable[[str], None] = lambda _: None,
+           ready_timeout_s: float = 3600) -> tuple[Record, bool]:
+    """A live server for ``model``: the running one, or one started now. Returns (record,
+    started)."""
+    from vllm_edge.common import atomic
+    from vllm_edge.serving import engine_log
+
+    key = server_key(model, quant)
+    record_path = state_dir() / f"{_slug(key)}.json"
+    with atomic.lock(record_path):
+        rec = find(key)
+        if rec is not None:
+            return rec, False
+        port = _free_port()
+        log = engine_log.new_path("serve")
+        cmd = [sys.executable, "-m", "vllm_edge.cli", "serve", model, "--host", HOST,
+               "--port", str(port), "--quant", quant, "--idle-exit", f"{keep_alive_s:g}",
+               *(serve_flags or [])]
+        with open(log, "w") as fh:
+            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        rec = Record(key=key, model=model, quant=quant, port=port, pid=proc.pid,
+                     keep_alive_s=keep_alive_s, log=str(log))
+        atomic.write_json(record_path, asdict(rec))
+        say(f"starting a model server for {model} (pid {proc.pid}, log: {log})")
+        t0 = time.time()
+        while time.time() - t0 < ready_timeout_s:
+            if proc.poll() is not None:
+                record_path.unlink(missing_ok=True)
+                tail = "".join(Path(log).read_text(errors="replace").splitlines(True)[-5:])
+                raise KeepAliveError(f"the model server exited with {proc.returncode} before it "
+                                     f"was ready; its log: {log}\n{tail}")
+            st = status(port, timeout=1.0)
+            if st and st.get("pid") == proc.pid and _healthy(port):
+                return rec, True
+            time.sleep(0.25)
+        stop(rec)
+        raise KeepAliveError(f"the model server was not ready after {ready_timeout_s:.0f} s; "
+                             f"its log: {log}")
+
+
+def _healthy(port: int) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"http://{HOST}:{port}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def stop(rec: Record, grace_s: float = 30) -> bool:
+    """SIGTERM to the server's process group (vLLM's graceful shutdown), SIGKILL after
+    ``grace_s``; the record is removed. False if it was already gone."""
+    path = state_dir() / f"{_slug(rec.key)}.json"
+    try:
+        os.killpg(rec.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        path.unlink(missing_ok=True)
+        return False
+    deadline = time.time() + grace_s
+    while time.time() < deadline and _pid_alive(rec.pid):
+        time.sleep(0.2)
+        _reap(rec.pid)
+    if _pid_alive(rec.pid):
+        try:
+            os.killpg(rec.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    path.unlink(missing_ok=True)
+    return True
+
+
+def _reap(pid: int) -> None:
+    try:  # our own child (started by this process): collect it so it stops being "alive"
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def served_name(rec: Record) -> str:
+    import httpx
+
+    try:
+        return httpx.get(rec.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+        raise KeepAliveError(f"the server on port {rec.port} did not list its model ({exc})") from None

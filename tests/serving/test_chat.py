@@ -1,0 +1,56 @@
+"""The chat's commands and settings, driven without a server (no turn is sent)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from vllm_edge.serving import chat
+
+
+def _repl(lines):
+    feed = iter(lines)
+
+    def read(prompt):
+        try:
+            item = next(feed)
+        except StopIteration:
+            raise EOFError from None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    out = io.StringIO()
+    s = chat.Settings()
+    rc = chat.repl("http://127.0.0.1:9", "m", s, banner="hello", read=read, out=out)
+    return rc, out.getvalue(), s
+
+
+def test_set_show_clear_and_bye():
+    rc, text, s = _repl(["/set temperature 0", "/set max_tokens 32", "/set system Be brief.",
+                         "/show", "/clear", "", "/bye", "never read"])
+    assert rc == 0 and (s.temperature, s.max_tokens, s.system) == (0.0, 32, "Be brief.")
+    assert "temperature=0.0 top_p=1.0 max_tokens=32 system='Be brief.' history=0 messages" in text
+    assert "(conversation cleared)" in text and text.startswith("hello\n")
+
+
+@pytest.mark.parametrize("line, needle", [("/set speed 3", "/set speed: unknown"),
+                                          ("/set max_tokens lots", "expected int"),
+                                          ("/set max_tokens 0", "out of range"),
+                                          ("/set temperature -1", "out of range"),
+                                          ("/help", "commands:")])
+def test_bad_commands_are_answered_and_the_chat_goes_on(line, needle):
+    rc, text, _ = _repl([line])
+    assert rc == 0 and needle in text
+
+
+def test_ctrl_c_at_the_prompt_keeps_the_session_and_ctrl_d_leaves():
+    rc, text, _ = _repl([KeyboardInterrupt(), "/show"])
+    assert rc == 0 and "(Ctrl-D or /bye to leave)" in text and "temperature=" in text
+
+
+def test_a_lost_server_is_reported_and_the_chat_goes_on():
+    rc, text, _ = _repl(["hello?", "/show"])
+    assert rc == 0 and "error: lost the model server at http://127.0.0.1:9" in text
+    assert "temperature=" in text

@@ -1,0 +1,63 @@
+"""keepalive without a server: durations, model identity, stale records cleaned."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from vllm_edge.serving import keepalive
+
+
+@pytest.mark.parametrize("text, seconds", [("300", 300), ("30s", 30), ("5m", 300), ("1h", 3600),
+                                           ("0", 0), ("1.5m", 90), (" 2m ", 120)])
+def test_parse_duration(text, seconds):
+    assert keepalive.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["5x", "", "-1", "m", "5 minutes"])
+def test_bad_duration_is_a_clear_error(text):
+    with pytest.raises(keepalive.KeepAliveError, match="--keep-alive"):
+        keepalive.parse_duration(text)
+
+
+def test_model_id_makes_paths_absolute_and_keeps_keys(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    assert keepalive.model_id("default") == "default"
+    assert keepalive.model_id("smollm2-135m") == "smollm2-135m"
+    assert keepalive.model_id("m") == keepalive.model_id("./m") == str(tmp_path / "m")
+    assert keepalive.server_key("default", "auto") != keepalive.server_key("default", "none")
+
+
+def test_stale_and_unreadable_records_are_removed(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path))
+    d = keepalive.state_dir()
+    d.mkdir(parents=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    rec = keepalive.Record(key="default|auto", model="default", quant="auto", port=9, pid=dead.pid,
+                           keep_alive_s=300, log="x")
+    (d / "dead.json").write_text(json.dumps(rec.__dict__))
+    (d / "garbage.json").write_text("{not json")
+    assert keepalive.records() == [] and keepalive.find("default|auto") is None
+    assert list(d.glob("*.json")) == []
+    assert keepalive.stop(rec) is False
+
+
+def test_a_live_process_that_is_not_our_server_is_not_listed_but_kept(tmp_path, monkeypatch):
+    """A starting server is alive and not answering yet: not used, not deleted."""
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path))
+    d = keepalive.state_dir()
+    d.mkdir(parents=True)
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        rec = keepalive.Record(key="k|auto", model="k", quant="auto", port=9, pid=sleeper.pid,
+                               keep_alive_s=300, log="x")
+        (d / "k.json").write_text(json.dumps(rec.__dict__))
+        assert keepalive.records() == []
+        assert (d / "k.json").exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 import shutil
-import traceback
 from collections import Counter
 from pathlib import Path
 
@@ -79,24 +78,10 @@ def _cases(p: dict) -> list[tuple[str, bytes]]:
 
 def _run(src: Path, out: Path, what: str) -> tuple[str, str | None]:
     """("converted" or "refused", what broke the contract on this case or None)."""
-    before = src.read_bytes()
-    outcome, why = "converted", None
-    try:
-        with fuzz.memory_cap(), fuzz.deadline(DEADLINE, what):
-            import_gguf(src, out, progress=False)
-    except GgufImportError as exc:
-        outcome = "refused"
-        if str(src) not in str(exc):
-            why = f"the error does not name the file: {exc}"
-        elif not no_partial_output(out):
-            why = f"refused ({exc}) but left {sorted(p.name for p in out.parent.iterdir())}"
-    except BaseException as exc:  # the contract under test: nothing else may escape
-        where = traceback.extract_tb(exc.__traceback__)[-1]
-        return "broke", f"{type(exc).__name__}: {str(exc)[:300]} (at {where.filename}:{where.lineno})"
-    else:
-        why = manifest.problem(out) and f"converted, but the build is incomplete: {manifest.problem(out)}"
-    if src.read_bytes() != before:
-        why = "the input file changed"
+    outcome, why = fuzz.judge_write(lambda: import_gguf(src, out, progress=False), src, out, what,
+                                    deadline_s=DEADLINE, refused=GgufImportError, done="converted")
+    if outcome == "broke":
+        return outcome, why
     # nothing may appear beside the input but the output and its lock
     litter = {p.name for p in src.parent.iterdir()} - {src.name, out.name, f".{out.name}.lock"}
     return outcome, why or (f"left {sorted(litter)} beside the input" if litter else None)

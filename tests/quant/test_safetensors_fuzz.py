@@ -16,7 +16,6 @@ import math
 import random
 import shutil
 import struct
-import traceback
 from collections import Counter
 from pathlib import Path
 
@@ -149,25 +148,8 @@ def _cases(src: Path) -> list[tuple[str, str, bytes]]:
 
 def _run(src: Path, out: Path, what: str) -> tuple[str, str | None]:
     """("quantized" or "refused", what broke the contract on this case or None)."""
-    before = fuzz.snapshot(src)
-    outcome, why = "quantized", None
-    try:
-        with fuzz.memory_cap(), fuzz.deadline(DEADLINE, what):
-            quantize_model(src, out, progress=False)
-    except EdgeError as exc:
-        outcome = "refused"
-        if str(src) not in str(exc):
-            why = f"the error does not name the source: {exc}"
-        elif not no_partial_output(out):
-            why = f"refused ({exc}) but left {sorted(p.name for p in out.parent.iterdir())}"
-    except BaseException as exc:  # the contract under test: nothing else may escape
-        where = traceback.extract_tb(exc.__traceback__)[-1]
-        return "broke", f"{type(exc).__name__}: {str(exc)[:300]} (at {where.filename}:{where.lineno})"
-    else:
-        why = manifest.problem(out) and f"quantized, but the build is incomplete: {manifest.problem(out)}"
-    if fuzz.snapshot(src) != before:
-        why = "the source directory changed"
-    return outcome, why
+    return fuzz.judge_write(lambda: quantize_model(src, out, progress=False), src, out, what,
+                            deadline_s=DEADLINE, refused=EdgeError, done="quantized")
 
 
 def test_mutated_source_quantizes_or_is_refused_naming_the_file(pristine, tmp_path):

@@ -12,8 +12,9 @@ import random
 import resource
 import signal
 import struct
+import traceback
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 # Values a corrupt length or count field could hold: the edges of the field's width and
 # sizes far past any file (a reader that trusts them hangs or allocates without end).
@@ -124,3 +125,36 @@ def junk(rng: random.Random, depth: int = 2) -> object:
 def deep(n: int = 100_000) -> bytes:
     """JSON nested ``n`` deep: valid, and past any recursive parser's stack."""
     return b"[" * n + b"]" * n
+
+
+def judge_write(write: Callable[[], None], src: Path, out: Path, what: str, *, deadline_s: float,
+                refused: type[BaseException], done: str) -> tuple[str, str | None]:
+    """Run one fuzzed write (``src`` to ``out``) under the deadline and the memory cap, and
+    check the contract: it writes a complete build (``done``) or raises ``refused`` naming
+    ``src`` and leaving no partial output, the input unchanged either way. Returns
+    (``done``, ``"refused"`` or ``"broke"``; what broke the contract, or None)."""
+    from support.checkpoints import no_partial_output
+    from vllm_edge.common import manifest
+
+    def state() -> object:
+        return snapshot(src) if src.is_dir() else src.read_bytes()
+
+    before = state()
+    outcome, why = done, None
+    try:
+        with memory_cap(), deadline(deadline_s, what):
+            write()
+    except refused as exc:
+        outcome = "refused"
+        if str(src) not in str(exc):
+            why = f"the error does not name the input: {exc}"
+        elif not no_partial_output(out):
+            why = f"refused ({exc}) but left {sorted(p.name for p in out.parent.iterdir())}"
+    except BaseException as exc:  # the contract under test: nothing else may escape
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        return "broke", f"{type(exc).__name__}: {str(exc)[:300]} (at {where.filename}:{where.lineno})"
+    else:
+        why = manifest.problem(out) and f"{done}, but the build is incomplete: {manifest.problem(out)}"
+    if state() != before:
+        why = "the input changed"
+    return outcome, why

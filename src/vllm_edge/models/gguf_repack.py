@@ -186,7 +186,7 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
         n_heads = next((h for key, h in rows_order.items() if f".{key}." in name), None)
         order = rope_rows(dims[1], n_heads) if n_heads else None
         if name not in routes:  # norms
-            w = torch.from_numpy(np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32))
+            w = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), np.float32))
             out_tensors[name] = w.reshape(dims[::-1]).to(torch.bfloat16).contiguous()
             continue
         route, why = routes[name]
@@ -194,9 +194,9 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
         entry: dict[str, Any] = {"name": name, "gguf_name": g, "gguf_type": t.tensor_type.name,
                                  "shape": [n, k], "route": route, "why": why}
         base = name[: -len(".weight")]
-        ref = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32).reshape(n, k)
+        ref = np.array(gguf.quants.dequantize(t.data, t.tensor_type), np.float32).reshape(n, k)
         if route == "repack":
-            raw = torch.from_numpy(np.ascontiguousarray(t.data).view(np.uint8).reshape(n, -1))
+            raw = torch.from_numpy(np.array(t.data).view(np.uint8).reshape(n, -1))
             r = repack.decode(t.tensor_type.name, raw, k, f"{g} in {src}")
             entry["max_error_over_bound"] = round(repack.check(r, torch.from_numpy(ref), f"{g} in {src}"), 6)
             if order is not None:
@@ -238,7 +238,7 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
     config.quantization_config = qcfg
     config.architectures = ["LlamaForCausalLM"]
     config.tie_word_embeddings = tied and embed == "bf16"
-    config.torch_dtype = torch.bfloat16
+    config.dtype = torch.bfloat16
 
     counts: dict[str, int] = {}
     for e in report:

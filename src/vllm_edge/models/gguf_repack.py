@@ -197,8 +197,11 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
         ref = np.array(gguf.quants.dequantize(t.data, t.tensor_type), np.float32).reshape(n, k)
         if route == "repack":
             raw = torch.from_numpy(np.array(t.data).view(np.uint8).reshape(n, -1))
-            r = repack.decode(t.tensor_type.name, raw, k, f"{g} in {src}")
-            entry["max_error_over_bound"] = round(repack.check(r, torch.from_numpy(ref), f"{g} in {src}"), 6)
+            try:
+                r = repack.decode(t.tensor_type.name, raw, k, g)
+                entry["max_error_over_bound"] = round(repack.check(r, torch.from_numpy(ref), g), 6)
+            except repack.RepackError as exc:
+                raise GgufRepackError(f"{src}: {exc}") from None
             if order is not None:
                 r = r.take_rows(order)
             parts = r.tensors()

@@ -34,6 +34,15 @@ def default_int4_dir(default_model_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def default_repacked_dir() -> Path:
+    """The default model's GGUF repacked into cpu_int4 g32 (its Q4_1 codes kept, the Q8_0
+    embedding and tied head quantized again), once (cached under VLLM_EDGE_HOME)."""
+    from vllm_edge.models import store
+
+    return store.prepare_repacked("default", progress=False)
+
+
+@pytest.fixture(scope="session")
 def vlm_int4_dir(default_model_dir) -> Path:
     """The embedded VLM (smolvlm-135m) in cpu_int4 at the default group, language model only,
     built once around the converted default model (cached under VLLM_EDGE_HOME)."""

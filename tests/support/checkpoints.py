@@ -43,17 +43,24 @@ def tiny_gguf(path: Path, arch: str) -> Path:
     return path
 
 
-def tiny_llama_gguf(path: Path) -> Path:
+def tiny_llama_gguf(path: Path, *, hidden: int = 32, ffn: int = 64, types: dict[str, str] | None = None,
+                    tied: bool = True) -> Path:
     """A complete llama GGUF that ``models import-gguf`` converts in a fraction of a second:
-    one layer 32 wide, a 32-token byte-level vocabulary with merges, special tokens and a chat
-    template; f32 tensors and two Q8_0 ones (so a block type is dequantized too)."""
+    one layer ``hidden`` wide, a 32-token byte-level vocabulary with merges, special tokens and a
+    chat template; f32 tensors and two Q8_0 ones (so a block type is dequantized too).
+
+    ``types`` sets the type of any tensor by GGUF name ("Q4_0", "Q4_1", "Q8_0", ... made by
+    gguf's quantizer; "Q4_K", which gguf cannot make, as random blocks with finite scales, every
+    bit pattern of the 6-bit scales and of the codes being valid). ``tied=False`` adds an
+    ``output.weight``."""
     import gguf
     import numpy as np
 
     rng = np.random.default_rng(0)
-    hidden, ffn, heads, kv_heads = 32, 64, 4, 2
+    heads, kv_heads = 4, 2
     tokens = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [
         "\u0120", "\u0120a", "ab", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    chosen = {"blk.0.attn_q.weight": "Q8_0", "blk.0.ffn_gate.weight": "Q8_0", **(types or {})}
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("tiny llama")
     w.add_context_length(64)
@@ -76,23 +83,30 @@ def tiny_llama_gguf(path: Path) -> Path:
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
                         "<|im_end|>\n{% endfor %}")
 
-    def tensor(name: str, shape: tuple[int, ...], qtype=None) -> None:
+    def tensor(name: str, shape: tuple[int, ...]) -> None:
         a = (rng.standard_normal(shape) * 0.05).astype(np.float32)
-        if qtype is None:
+        qname = chosen.get(name)
+        if qname is None:
             w.add_tensor(name, a)
+            return
+        qtype = gguf.GGMLQuantizationType[qname]
+        if qname == "Q4_K":
+            q = random_q4_k(rng, shape)
         else:
             q = gguf.quants.quantize(a, qtype)
-            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
+        w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
 
     kv = kv_heads * hidden // heads
     tensor("token_embd.weight", (len(tokens), hidden))
+    if not tied:
+        tensor("output.weight", (len(tokens), hidden))
     for name in ("blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "output_norm.weight"):
         tensor(name, (hidden,))
-    tensor("blk.0.attn_q.weight", (hidden, hidden), gguf.GGMLQuantizationType.Q8_0)
+    tensor("blk.0.attn_q.weight", (hidden, hidden))
     tensor("blk.0.attn_k.weight", (kv, hidden))
     tensor("blk.0.attn_v.weight", (kv, hidden))
     tensor("blk.0.attn_output.weight", (hidden, hidden))
-    tensor("blk.0.ffn_gate.weight", (ffn, hidden), gguf.GGMLQuantizationType.Q8_0)
+    tensor("blk.0.ffn_gate.weight", (ffn, hidden))
     tensor("blk.0.ffn_up.weight", (ffn, hidden))
     tensor("blk.0.ffn_down.weight", (hidden, ffn))
     w.write_header_to_file()
@@ -100,6 +114,18 @@ def tiny_llama_gguf(path: Path) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def random_q4_k(rng, shape: tuple[int, int], scale: float = 0.01):
+    """Raw Q4_K bytes ``[rows, row bytes]`` for a ``shape`` weight: random blocks of 144 bytes
+    whose fp16 ``d`` and ``dmin`` are finite (any other byte pattern is a valid block)."""
+    import numpy as np
+
+    rows, k = shape
+    raw = rng.integers(0, 256, size=(rows, k // 256, 144), dtype=np.uint8)
+    fields = np.abs(rng.standard_normal((rows, k // 256, 2)) * scale).astype(np.float16)
+    raw[..., :4] = fields.view(np.uint8).reshape(rows, k // 256, 4)
+    return raw.reshape(rows, -1)
 
 
 def tiny_llama_dir(src: Path) -> Path:

@@ -123,6 +123,22 @@ def prepare_quantized(name: str = DEFAULT, scheme: str = "cpu_int4", group: int 
                               manifest=want, force=force)
 
 
+def repacked_dir(model: EmbeddedModel, keep_embedding: bool = False) -> Path:
+    suffix = "-bf16-embedding" if keep_embedding else ""
+    return envs.home() / "models" / f"{model.key}-cpu_int4-g{DEFAULT_GROUP}-repack{suffix}"
+
+
+def prepare_repacked(name: str = DEFAULT, *, keep_embedding: bool = False, force: bool = False,
+                     progress: bool = True) -> Path:
+    """The embedded model's GGUF repacked into cpu_int4 g32 (its 4-bit codes kept, see
+    :mod:`.gguf_repack`), once; later calls return the cached directory."""
+    from vllm_edge.models.gguf_repack import repack_gguf
+
+    model = resolve_key(name)
+    return repack_gguf(source_gguf(model), repacked_dir(model, keep_embedding),
+                       keep_embedding=keep_embedding, force=force, progress=progress)
+
+
 def ensure_model(name: str, scheme: str | None = None, group: int | None = None) -> Path:
     """The directory an engine loads for ``name`` ('default', an embedded key, or a path).
 

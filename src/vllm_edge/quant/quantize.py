@@ -300,13 +300,8 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
             del t, tensors
             bar.update(1)
 
-    qcfg = gptq.quantization_config(group) if scheme == "gptq" else {
-        "quant_method": scheme, "bits": 4, "group_size": group,
-        "quantize_embedding": quantize_embedding, "prefill_dequant": True,
-        "dequant_threshold": _default_threshold(), "direct_dequant": True,
-        "dequant_workspace_mb": _default_workspace_mb(),
-        "modules_to_not_convert": skip,
-    }
+    qcfg = gptq.quantization_config(group) if scheme == "gptq" else cpu_int4_config(
+        group, quantize_embedding=quantize_embedding, modules_to_not_convert=skip)
     if vlm:
         qcfg["quantize_vision"] = bool(quantize_vision)
     new_config = dict(config)
@@ -343,6 +338,16 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
             (tmp / "quantize_config.json").write_text(json.dumps(qcfg, indent=2) + "\n")
         write_manifest(tmp, build_manifest)
     return dst
+
+
+def cpu_int4_config(group: int, *, quantize_embedding: bool = True,
+                    modules_to_not_convert: list[str] | None = None) -> dict[str, Any]:
+    """The ``quantization_config`` every cpu_int4 writer puts in ``config.json``."""
+    return {"quant_method": "cpu_int4", "bits": 4, "group_size": group,
+            "quantize_embedding": quantize_embedding, "prefill_dequant": True,
+            "dequant_threshold": _default_threshold(), "direct_dequant": True,
+            "dequant_workspace_mb": _default_workspace_mb(),
+            "modules_to_not_convert": list(modules_to_not_convert or [])}
 
 
 def _default_workspace_mb() -> int:

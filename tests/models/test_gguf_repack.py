@@ -263,3 +263,50 @@ def test_default_model_keeps_its_q4_1_codes(default_repacked_dir, default_int4_d
             err[label] += float((dequant(w, name).double() - ref).pow(2).sum())
     print(err)
     assert err["repacked"] < err["requantized"] / 2
+
+
+# --- a GGUF file as a model argument --------------------------------------------------------
+
+def test_a_gguf_model_argument_is_repacked_once_and_cached_by_content(tmp_path, tiny_file, monkeypatch):
+    import subprocess
+
+    from vllm_edge.models import store
+    from vllm_edge.runtime import weight_path
+
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("VLLM_EDGE_HW_PROFILE", json.dumps({"arch": "x86_64", "isa": ["avx512f"]}))
+    path, wpath = weight_path.model_for_engine(str(tiny_file))
+    assert wpath.name == "cpu_int4" and any("repacked" in r for r in wpath.reasons)
+    assert path.parent == tmp_path / "home" / "models" / "gguf" and path.name.endswith("-cpu_int4-g32-repack")
+    from vllm_edge.models.gguf_import import sha256_file
+
+    assert path.name.startswith(sha256_file(tiny_file)[:16]) and manifest.problem(path) is None
+    assert json.loads((path / "config.json").read_text())["quantization_config"]["quant_method"] == "cpu_int4"
+
+    def no_child(*a, **k):
+        raise AssertionError("a cached build must not be prepared again")
+
+    monkeypatch.setattr(subprocess, "run", no_child)
+    copy = tmp_path / "copy.gguf"  # another path, the same bytes: the same build
+    copy.write_bytes(tiny_file.read_bytes())
+    assert store.ensure_model(str(copy), "cpu_int4", 32) == path
+    monkeypatch.undo()
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("VLLM_EDGE_HW_PROFILE", json.dumps({"arch": "x86_64", "isa": ["avx512f"]}))
+    bf16, wpath = weight_path.model_for_engine(str(tiny_file), dtype="bf16")
+    assert wpath.name == "bf16" and bf16.name.endswith("-bf16")
+    assert "quantization_config" not in json.loads((bf16 / "config.json").read_text())
+
+
+def test_a_gguf_model_argument_is_checked(tmp_path, tiny_file, monkeypatch):
+    from vllm_edge.models import store
+    from vllm_edge.models.store import ModelNotAvailable
+
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path / "home"))
+    with pytest.raises(ModelNotAvailable, match=r"nope.gguf: no such GGUF file"):
+        store.ensure_model(str(tmp_path / "nope.gguf"), "cpu_int4", 32)
+    with pytest.raises(ModelNotAvailable, match=r"repacked at group 32 .*not 64"):
+        store.ensure_model(str(tiny_file), "cpu_int4", 64)
+    with pytest.raises(ModelNotAvailable, match=r"has no gptq build"):
+        store.ensure_model(str(tiny_file), "gptq", 64 // 2)
+    assert not (tmp_path / "home" / "models").exists()

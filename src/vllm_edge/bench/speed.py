@@ -399,7 +399,7 @@ def model_path(cfg: SpeedConfig) -> Path:
     from vllm_edge.models import store
     from vllm_edge.models.store import ensure_model
 
-    if cfg.quant and not (cfg.model == "default" or cfg.model in store.MODELS):
+    if cfg.quant and not (cfg.model == "default" or cfg.model in store.MODELS or store.is_gguf(cfg.model)):
         raise SpeedArgError(f"--quant {cfg.quant} needs an embedded model name, not {cfg.model!r}; "
                             "pass a quantized directory as --model instead")
     return Path(ensure_model(cfg.model, cfg.quant, cfg.group if cfg.quant else None))

@@ -11,7 +11,7 @@ from typing import Iterator
 from vllm_edge.common.errors import EdgeError
 from vllm_edge.quant.groups import DEFAULT_GROUP, GROUPS
 
-MODEL_HELP = "'default', an embedded key, or a model directory"
+MODEL_HELP = "'default', an embedded key, a GGUF file, or a model directory"
 QUANT_SCHEMES = ("cpu_int4", "gptq")
 
 

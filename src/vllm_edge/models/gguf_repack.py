@@ -128,9 +128,7 @@ def repack_gguf(src: str | os.PathLike, out: str | os.PathLike, *, requantize: b
     gguf_import._check_tokenizer(info)
     gguf_import._check_llama(info)
     atomic.check_destination(out, kind=KIND, inputs=[src], force=force)
-    want = {"source_sha256": gguf_import.sha256_file(src), "converter": CONVERTER_VERSION,
-            "scheme": "cpu_int4", "group_size": GROUP, "requantize": requantize,
-            "keep_embedding": keep_embedding}
+    want = wanted(gguf_import.sha256_file(src), requantize=requantize, keep_embedding=keep_embedding)
     with atomic.lock(out):
         why = manifest.mismatch(out, want)
         if not force and why is None:
@@ -139,6 +137,12 @@ def repack_gguf(src: str | os.PathLike, out: str | os.PathLike, *, requantize: b
         if out.exists() and why:
             logger.warning("%s; repacking again", why)
         return _write(src, out, info, want, force=force, progress=progress)
+
+
+def wanted(source_sha256: str, *, requantize: bool = True, keep_embedding: bool = False) -> dict:
+    """The manifest fields a repack of that source with those options carries (the cache key)."""
+    return {"source_sha256": source_sha256, "converter": CONVERTER_VERSION, "scheme": "cpu_int4",
+            "group_size": GROUP, "requantize": requantize, "keep_embedding": keep_embedding}
 
 
 def _read_config(src: Path) -> tuple[Any, Any, Any]:

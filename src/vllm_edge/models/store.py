@@ -139,8 +139,46 @@ def prepare_repacked(name: str = DEFAULT, *, keep_embedding: bool = False, force
                        keep_embedding=keep_embedding, force=force, progress=progress)
 
 
+def is_gguf(name: str) -> bool:
+    """A model argument that names a GGUF file (by its suffix; whether it exists is checked
+    when it is prepared, with a message naming it)."""
+    return Path(str(name)).suffix.lower() == ".gguf"
+
+
+def gguf_build_dir(source_sha256: str, scheme: str | None) -> Path:
+    """Where a GGUF file's build is cached: keyed by its content, not its name or path (the
+    manifest names the file it was made from)."""
+    kind = f"cpu_int4-g{DEFAULT_GROUP}-repack" if scheme else "bf16"
+    return envs.home() / "models" / "gguf" / f"{source_sha256[:16]}-{kind}"
+
+
+def ensure_gguf(name: str, scheme: str | None = None) -> Path:
+    """The build of a GGUF file an engine loads: ``cpu_int4`` repacks it (its 4-bit codes
+    kept, other formats quantized again), ``None`` imports it in bf16. Built once, in a child
+    process, and cached under ``VLLM_EDGE_HOME`` by the file's sha256 and the converter."""
+    import sys
+
+    from vllm_edge.models import gguf_import, gguf_repack
+
+    src = Path(name).expanduser().resolve()
+    if not src.is_file():
+        raise ModelNotAvailable(f"{name}: no such GGUF file")
+    if scheme not in (None, "cpu_int4"):
+        raise ModelNotAvailable(f"{name}: a GGUF file runs as cpu_int4 (repacked) or bf16; it has no "
+                                f"{scheme} build")
+    sha = gguf_import.sha256_file(src)
+    out = gguf_build_dir(sha, scheme)
+    want = (gguf_repack.wanted(sha) if scheme else
+            {"source_sha256": sha, "converter": gguf_import.CONVERTER_VERSION})
+    if manifest.mismatch(out, want) is not None:
+        cmd = [sys.executable, "-m", "vllm_edge.cli", "models", "import-gguf", str(src), str(out)]
+        _prepare_in_child(cmd + (["--repack"] if scheme else []), name)
+    return out
+
+
 def ensure_model(name: str, scheme: str | None = None, group: int | None = None) -> Path:
-    """The directory an engine loads for ``name`` ('default', an embedded key, or a path).
+    """The directory an engine loads for ``name`` ('default', an embedded key, a GGUF file or a
+    model directory).
 
     An embedded model is converted (and quantized, when ``scheme`` is given) on first use,
     in a child process: its memory never counts in this process's RssAnon, and its progress
@@ -165,6 +203,11 @@ def ensure_model(name: str, scheme: str | None = None, group: int | None = None)
                         "--quantize-vision" if vision else "--no-quantize-vision"]
             _prepare_in_child(cmd, name)
         return vlm.quantized_dir(scheme, group, vision) if scheme else vlm.prepared_dir()
+    if is_gguf(name):
+        if scheme and group not in (None, DEFAULT_GROUP):
+            raise ModelNotAvailable(f"{name}: a GGUF file is repacked at group {DEFAULT_GROUP} (its "
+                                    f"blocks' width), not {group}")
+        return ensure_gguf(name, scheme)
     if not (name == "default" or name in MODELS):
         return resolve_model_path(name)
     model = resolve_key(name)

@@ -150,8 +150,8 @@ def for_checkpoint(path: Any) -> WeightPath:
 def model_for_engine(model: str, priority: str = "speed", dtype: str = "auto") -> tuple[Any, WeightPath]:
     """(directory to load, its weight path) for a model argument of `run` or `serve`.
 
-    An embedded model gets the path chosen for this CPU, prepared and quantized on first
-    use; a model directory runs as stored."""
+    An embedded model or a GGUF file gets the path chosen for this CPU, prepared (a GGUF
+    repacked) on first use; a model directory runs as stored."""
     from vllm_edge.common import hw
     from vllm_edge.models import store, vlm
 
@@ -164,5 +164,15 @@ def model_for_engine(model: str, priority: str = "speed", dtype: str = "auto") -
     if model == "default" or model in store.MODELS:
         wpath = for_run(hw.profile(), priority, dtype)
         return store.ensure_model(model, wpath.scheme, wpath.group), wpath
+    if store.is_gguf(model):
+        wpath = for_run(hw.profile(), priority, dtype)
+        if wpath.scheme not in (None, "cpu_int4"):
+            wpath = WeightPath("cpu_int4", wpath.reasons + [
+                f"a GGUF file has no {wpath.name} build; using cpu_int4"], fallback_from=wpath.name)
+        if wpath.scheme:
+            wpath.reasons.append("a GGUF file: its Q4_0, Q4_1 and Q4_K tensors are repacked into "
+                                 "cpu_int4 g32 with their 4-bit codes, other formats quantized again "
+                                 "(docs/guide/quantize.md); built once, cached by the file's sha256")
+        return store.ensure_gguf(model, wpath.scheme), wpath
     path = store.ensure_model(model)
     return path, for_checkpoint(path)

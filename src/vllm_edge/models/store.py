@@ -176,9 +176,130 @@ def ensure_gguf(name: str, scheme: str | None = None) -> Path:
     return out
 
 
+# --- a model folder the user named ------------------------------------------------------
+
+FOLDER_CONVERTER = "folder/1"
+
+
+def is_edge_build(path: str | Path) -> bool:
+    """A directory vllm-edge wrote (it carries our manifest): it is already the output of a
+    weight path and runs as stored."""
+    return bool(manifest.read(path))
+
+
+def _declares_quantization(path: Path) -> bool:
+    import json
+
+    try:
+        return bool(json.loads((path / "config.json").read_text()).get("quantization_config"))
+    except (OSError, ValueError, AttributeError):
+        return False  # the loader names what is wrong with it
+
+
+def _folder_files(src: Path) -> list[Path]:
+    return sorted(p for p in src.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
+def folder_fingerprint(src: Path) -> dict[str, list[int]]:
+    """Name, size and mtime of each file of the folder: a cheap check that a cached build was
+    made from this folder as it is now (the content hash decides when it was not)."""
+    return {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in _folder_files(src)}
+
+
+def folder_sha256(src: Path, progress: bool = False) -> str:
+    """One hash over every file of the folder (names and contents), in name order."""
+    import hashlib
+
+    from tqdm import tqdm
+
+    files = _folder_files(src)
+    h = hashlib.sha256()
+    with tqdm(total=sum(p.stat().st_size for p in files), unit="B", unit_scale=True,
+              desc=f"hashing {src.name}", disable=not progress) as bar:
+        for p in files:
+            h.update(p.name.encode() + b"\0")
+            with open(p, "rb") as f:
+                while chunk := f.read(1 << 24):
+                    h.update(chunk)
+                    bar.update(len(chunk))
+    return h.hexdigest()
+
+
+def folder_build_dir(source_sha256: str, scheme: str, group: int) -> Path:
+    return envs.home() / "models" / "hf" / f"{source_sha256[:16]}-{scheme}-g{group}"
+
+
+def _folder_want(scheme: str, group: int) -> dict:
+    from vllm_edge.quant.quantize import CONVERTER_VERSION
+
+    return {"converter": f"{CONVERTER_VERSION}+{FOLDER_CONVERTER}", "scheme": scheme, "group_size": group}
+
+
+def cached_folder_build(src: Path, scheme: str, group: int) -> Path | None:
+    """The complete build of this folder, as it is now, from the current converter, if one
+    is cached (found by the folder's path and fingerprint, so no hashing)."""
+    base = envs.home() / "models" / "hf"
+    if not base.is_dir():
+        return None
+    want = _folder_want(scheme, group)
+    fp = folder_fingerprint(src)
+    for d in sorted(base.glob(f"*-{scheme}-g{group}")):
+        have = manifest.read(d)
+        if (have.get("source") == str(src) and have.get("source_files") == fp
+                and manifest.mismatch(d, want, ignore=("source", "source_sha256", "source_files")) is None):
+            return d
+    return None
+
+
+def prepare_folder(path: str | Path, scheme: str = "cpu_int4", group: int = DEFAULT_GROUP, *,
+                   force: bool = False, progress: bool = True) -> Path:
+    """Quantize a model folder once; later calls return the cached build. Keyed by the
+    folder's content hash and the converter, so a copy of the folder elsewhere reuses it."""
+    from vllm_edge.quant.quantize import quantize_model, read_source_config
+
+    src = Path(path).expanduser().resolve()
+    read_source_config(src)  # names an unsupported architecture, or an already-quantized source
+    if not force and (hit := cached_folder_build(src, scheme, group)) is not None:
+        return hit
+    sha = folder_sha256(src, progress)
+    out = folder_build_dir(sha, scheme, group)
+    want = {"source": str(src), "source_sha256": sha, "source_files": folder_fingerprint(src),
+            **_folder_want(scheme, group)}
+    with atomic.lock(out):
+        why = manifest.mismatch(out, want, ignore=("source", "source_files"))
+        if not force and why is None:
+            return out
+        if out.exists() and why:
+            logger.warning("%s; quantizing again", why)
+        return quantize_model(src, out, scheme=scheme, group=group, progress=progress,
+                              manifest=want, force=force)
+
+
+def ensure_folder(name: str, scheme: str, group: int | None = None) -> Path:
+    """The build an engine loads for a model folder: quantized on first use in a child
+    process (its memory never counts here), cached under ``VLLM_EDGE_HOME/models/hf``."""
+    import sys
+
+    group = group or DEFAULT_GROUP
+    src = Path(name).expanduser().resolve()
+    hit = cached_folder_build(src, scheme, group)
+    if hit is not None:
+        return hit
+    # the same content under another path or date: hashing here is cheaper than a child
+    out = folder_build_dir(folder_sha256(src), scheme, group)
+    if manifest.mismatch(out, _folder_want(scheme, group)) is None:
+        return out
+    try:
+        _prepare_in_child([sys.executable, "-m", "vllm_edge.cli", "models", "prepare", str(src),
+                           "--quant", scheme, "--group", str(group)], name)
+    except ModelNotAvailable as exc:
+        raise ModelNotAvailable(f"{exc}; `--quant none` runs the folder as stored") from None
+    return out
+
+
 def ensure_model(name: str, scheme: str | None = None, group: int | None = None) -> Path:
     """The directory an engine loads for ``name`` ('default', an embedded key, a GGUF file or a
-    model directory).
+    model directory; a bf16 folder from elsewhere is quantized when ``scheme`` is given).
 
     An embedded model is converted (and quantized, when ``scheme`` is given) on first use,
     in a child process: its memory never counts in this process's RssAnon, and its progress
@@ -209,7 +330,10 @@ def ensure_model(name: str, scheme: str | None = None, group: int | None = None)
                                     f"blocks' width), not {group}")
         return ensure_gguf(name, scheme)
     if not (name == "default" or name in MODELS):
-        return resolve_model_path(name)
+        path = resolve_model_path(name)
+        if scheme and path.is_dir() and not is_edge_build(path) and not _declares_quantization(path):
+            return ensure_folder(str(path), scheme, group)
+        return path
     model = resolve_key(name)
     if scheme:
         if not quantized_ready(name, scheme, group):

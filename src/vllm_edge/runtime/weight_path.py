@@ -134,11 +134,19 @@ def for_run(profile: Any, priority: str = "speed", dtype: str = "auto") -> Weigh
 
 
 def for_checkpoint(path: Any) -> WeightPath:
-    """A model directory the user named runs as stored: report what it is, choose nothing."""
+    """A quantized model directory, or one vllm-edge built, runs as stored: report what it
+    is, choose nothing."""
     import json
     from pathlib import Path
 
-    cfg = json.loads((Path(path) / "config.json").read_text())
+    from vllm_edge.models.store import ModelNotAvailable
+
+    cfg_path = Path(path) / "config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelNotAvailable(f"{cfg_path}: cannot read a model config ({exc}); a model "
+                                "directory must be a Hugging Face folder") from None
     method = (cfg.get("quantization_config") or {}).get("quant_method")
     name = "bf16" if method is None else str(method)
     group = (cfg.get("quantization_config") or {}).get("group_size")
@@ -148,10 +156,19 @@ def for_checkpoint(path: Any) -> WeightPath:
 
 
 def model_for_engine(model: str, priority: str = "speed", dtype: str = "auto") -> tuple[Any, WeightPath]:
-    """(directory to load, its weight path) for a model argument of `run` or `serve`.
+    """(directory to load, its weight path) for a model argument of `run` or `serve`; the
+    build's last use is recorded for `vllm-edge models list`."""
+    from vllm_edge.models import cache
 
-    An embedded model or a GGUF file gets the path chosen for this CPU, prepared (a GGUF
-    repacked) on first use; a model directory runs as stored."""
+    path, wpath = _model_for_engine(model, priority, dtype)
+    cache.mark_used(path)
+    return path, wpath
+
+
+def _model_for_engine(model: str, priority: str, dtype: str) -> tuple[Any, WeightPath]:
+    """An embedded model, a GGUF file or a bf16 model folder gets the path chosen for this CPU,
+    prepared (a GGUF repacked, a folder quantized) on first use and cached; a quantized
+    folder, or a build vllm-edge made, runs as stored."""
     from vllm_edge.common import hw
     from vllm_edge.models import store, vlm
 
@@ -175,4 +192,13 @@ def model_for_engine(model: str, priority: str = "speed", dtype: str = "auto") -
                                  "(docs/guide/quantize.md); built once, cached by the file's sha256")
         return store.ensure_gguf(model, wpath.scheme), wpath
     path = store.ensure_model(model)
-    return path, for_checkpoint(path)
+    stored = for_checkpoint(path)
+    if stored.scheme is not None or store.is_edge_build(path):
+        return path, stored
+    wpath = for_run(hw.profile(), priority, dtype)
+    if not wpath.scheme:
+        wpath.reasons.append("a model folder in bf16 runs as stored")
+        return path, wpath
+    wpath.reasons.append(f"a model folder: quantized to {wpath.scheme} on first use, cached under "
+                         "VLLM_EDGE_HOME/models/hf by its content (`vllm-edge models list`)")
+    return store.ensure_folder(str(path), wpath.scheme, wpath.group), wpath

@@ -11,7 +11,7 @@ HELP = "prepare and import models"
 GROUP = True
 SUBCOMMANDS = {name: f"vllm_edge.cli.models.{module}" for name, module in (
     ("prepare", "prepare"), ("import-gguf", "import_gguf"), ("export-gguf", "export_gguf"),
-    ("synthetic", "synthetic"), ("build-vlm", "build_vlm"), ("list", "list_models"),
+    ("synthetic", "synthetic"), ("build-vlm", "build_vlm"), ("list", "list_models"), ("rm", "rm"),
 )}
 
 

@@ -31,3 +31,33 @@ def test_a_build_against_itself_is_perfect(tmp_path, default_model_dir):
     full = json.loads(out.read_text())
     assert full["kl_k"] == 10 and full["teacher_forced"]["positions"] == 63
     assert full["provenance"]["model"]["sha256"]
+
+
+def _fidelity(*args):
+    proc = subprocess.run([sys.executable, "-m", "vllm_edge.cli", "fidelity", *args],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return last_json_line(proc.stdout)
+
+
+def test_llama_cpp_is_the_reference_of_a_vllm_build_of_the_same_file(tmp_path, default_model_dir):
+    """`fidelity --engine llama.cpp` saves llama.cpp on the shipped Q4_1 file as the reference;
+    vLLM's repack of that file (4-bit codes kept, the Q8_0 embedding/head in bf16) follows it,
+    and the build that quantizes the head again to 4 bits, scored the same way, is further off."""
+    need_llama_cpp()
+    from vllm_edge.models import store
+
+    ref = tmp_path / "ref"
+    saved = _fidelity("--engine", "llama.cpp", "--model", "default", "--save-ref", str(ref),
+                      "--corpus-chunks", "2", "--chunk-len", "256", "--greedy-tokens", "8")
+    assert saved["benchmark"] == "fidelity-reference"
+    itself = _fidelity("--engine", "llama.cpp", "--model", "default", "--ref", str(ref))
+    assert itself["top1_agreement"] == 1.0 and itself["kl_mean"] < 1e-9 and itself["exact_matches"] == 12
+
+    lossless = store.prepare_repacked("default", keep_embedding=True, progress=False)
+    four_bit_head = store.prepare_repacked("default", progress=False)
+    a = _fidelity("--ref", str(ref), "--model", str(lossless), "--enforce-eager")
+    b = _fidelity("--ref", str(ref), "--model", str(four_bit_head), "--enforce-eager")
+    print(f"vs llama.cpp Q4_1: repack+bf16 head {a}; repack {b}")
+    assert a["top1_agreement"] >= TOP1_SAME_FILE
+    assert a["kl_mean"] < b["kl_mean"] / 5 and a["top1_agreement"] > b["top1_agreement"]

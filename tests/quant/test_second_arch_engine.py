@@ -1,6 +1,7 @@
 """cpu_int4 on architectures other than Llama: random-weight Qwen2 (q/k/v biases) and
-Qwen3 (per-head q/k RMSNorm) checkpoints, quantized by our quantizer and run in real
-vLLM, against an fp32 transformers forward on the weights read back from the checkpoint.
+Qwen3 (per-head q/k RMSNorm) folders, quantized the way `run`/`serve` quantize a bf16 model
+folder on first use (in a child process, cached by content) and run in real vLLM, against
+an fp32 transformers forward on the weights read back from the checkpoint.
 
 The prompt has 300 tokens, so the prefill runs the multi-row route (native dequantize +
 bf16 GEMM; the head too, since prompt logprobs need every position) and the 8 decode steps
@@ -92,14 +93,26 @@ def _run_vllm(run_llm, q_dir, ids):
 
 @pytest.fixture(scope="module", params=["qwen2", "qwen3"])
 def arch_run(request, default_model_dir, tmp_path_factory, run_llm):
+    import shutil
+
+    from vllm_edge.common import manifest
     from vllm_edge.models import synthetic
-    from vllm_edge.quant.quantize import quantize_model
+    from vllm_edge.runtime import weight_path
 
     arch = request.param
     root = tmp_path_factory.mktemp(arch)
-    src = synthetic.build(root / "bf16", synthetic.Shape.derive(**SHAPE, arch=arch),
-                          tokenizer_from=default_model_dir, progress=False)
-    q_dir = quantize_model(src, root / "int4", group=DEFAULT_GROUP, progress=False)
+    made = synthetic.build(root / "made", synthetic.Shape.derive(**SHAPE, arch=arch),
+                           tokenizer_from=default_model_dir, progress=False)
+    # as a folder from elsewhere: no manifest of ours, so `run`/`serve` quantize it on first use
+    src = root / "bf16"
+    shutil.copytree(made, src)
+    (src / manifest.NAME).unlink()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_EDGE_HOME", str(root / "home"))
+        mp.setenv("VLLM_EDGE_HW_PROFILE", json.dumps({"arch": "x86_64", "isa": ["avx512f"]}))
+        q_dir, wpath = weight_path.model_for_engine(str(src))
+    assert (wpath.scheme, wpath.group) == ("cpu_int4", DEFAULT_GROUP)
+    assert q_dir.parent == root / "home" / "models" / "hf"
     ids = torch.randint(1000, 40000, (PROMPT_LEN,), generator=torch.Generator().manual_seed(1)).tolist()
     prompt_lp, gen, gen_lp, layers = _run_vllm(run_llm, q_dir, ids)
     full = ids + gen

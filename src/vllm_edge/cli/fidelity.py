@@ -7,6 +7,7 @@ import json
 import sys
 
 from vllm_edge.cli.args import add_group, add_model, add_out, add_quant, add_torch_dtype, reported
+from vllm_edge.common.errors import UsageError
 
 NAME = "fidelity"
 HELP = "greedy divergence and teacher-forced KL against a saved bf16 reference"
@@ -34,17 +35,42 @@ def add_args(p: argparse.ArgumentParser) -> None:
     add_quant(p, help="score the embedded model's quantized build (made once and cached, as `run` does)")
     add_group(p, help="group size for --quant")
     p.add_argument("--enforce-eager", action="store_true", help="skip torch.compile")
+    p.add_argument("--engine", choices=("vllm", "llama.cpp"), default="vllm",
+                   help="llama.cpp: run --model (a GGUF file) in llama.cpp instead, on the same token "
+                        "ids, to save it as a reference or score it (needs [baselines]; 'default' is "
+                        "the embedded model's own GGUF)")
+    p.add_argument("--tokenizer", metavar="DIR", default=None,
+                   help="with --engine llama.cpp: the model directory whose tokenizer and chat template "
+                        "make the token ids")
 
 
 def run(args: argparse.Namespace) -> int:
     from vllm_edge.bench.fidelity.run import format_metrics, metric_line
     from vllm_edge.bench.fidelity.run import run as fidelity_run
 
-    with reported(ValueError, FileNotFoundError):
-        result = fidelity_run(args.model, save_ref=args.save_ref, ref=args.ref, out=args.out,
-                              corpus_chunks=args.corpus_chunks, chunk_len=args.chunk_len,
-                              greedy_tokens=args.greedy_tokens, kl_k=args.kl_k, dtype=args.dtype,
-                              enforce_eager=args.enforce_eager, quant=args.quant, group=args.group)
+    if args.engine == "llama.cpp":
+        from vllm_edge.bench.llamacpp.fidelity import against_reference
+
+        if args.quant or args.dtype != "bfloat16" or args.enforce_eager:
+            raise UsageError("--quant, --dtype and --enforce-eager apply to vLLM; llama.cpp runs the "
+                             "GGUF as stored")
+        from vllm_edge.models import store
+
+        gguf, tokenizer = args.model, args.tokenizer
+        if gguf == "default" or gguf in store.MODELS:  # the file the embedded model ships as
+            gguf = store.source_gguf(store.resolve_key(args.model))
+            tokenizer = tokenizer or store.prepare(args.model)
+        with reported(ValueError, FileNotFoundError, OSError):
+            result = against_reference(gguf, save_ref=args.save_ref, ref=args.ref, out=args.out,
+                                       tokenizer=tokenizer, corpus_chunks=args.corpus_chunks,
+                                       chunk_len=args.chunk_len, greedy_tokens=args.greedy_tokens,
+                                       kl_k=args.kl_k)
+    else:
+        with reported(ValueError, FileNotFoundError):
+            result = fidelity_run(args.model, save_ref=args.save_ref, ref=args.ref, out=args.out,
+                                  corpus_chunks=args.corpus_chunks, chunk_len=args.chunk_len,
+                                  greedy_tokens=args.greedy_tokens, kl_k=args.kl_k, dtype=args.dtype,
+                                  enforce_eager=args.enforce_eager, quant=args.quant, group=args.group)
     if result["benchmark"] == "fidelity-reference":
         print(f"[fidelity] saved reference {result['reference']}: {result['prompts']} prompts, "
               f"{result['chunks']} corpus chunks, top-{result['k']}", file=sys.stderr)

@@ -68,14 +68,10 @@ def run(model: str, save_ref: str | None = None, ref: str | None = None, out: st
         group: int = DEFAULT_GROUP) -> dict:
     from vllm_edge.bench import prompts as P
     from vllm_edge.common import atomic, provenance
-    from vllm_edge.models import store
     from vllm_edge.models.store import ensure_model
 
     if (save_ref is None) == (ref is None):
         raise ValueError("give exactly one of --save-ref DIR or --ref DIR")
-    if quant and not (model == "default" or model in store.MODELS or store.is_gguf(model)):
-        raise ValueError(f"--quant applies to an embedded model or a GGUF file; {model} is a directory: pass "
-                         "its quantized build's directory instead")
     path = Path(ensure_model(model, quant, group if quant else None))
     build = f"{path.name} ({dtype}, {'eager' if enforce_eager else 'compiled'})"
     if ref is not None:

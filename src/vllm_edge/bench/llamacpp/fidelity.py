@@ -67,3 +67,86 @@ def metric_line(report: dict) -> dict:
     if report.get("out"):
         line["out"] = report["out"]
     return line
+
+
+# --- llama.cpp as either side of `vllm-edge fidelity` ---------------------------------------
+
+def collect(gguf: str | Path, prompt_ids: list[list[int]], chunks: list[list[int]], k: int,
+            greedy_tokens: int, eos: int | None, threads: int | None = None) -> dict:
+    """What :func:`vllm_edge.bench.fidelity.engine.collect` gathers from vLLM, from llama.cpp
+    on the same token ids: greedy continuations, and the top-``k`` log-probs and the target's
+    log-prob at every scored corpus position (from llama.cpp's full logits)."""
+    import torch
+
+    from vllm_edge.bench import prompts as P
+    from vllm_edge.bench.llamacpp import runner as llamacpp_runner
+
+    longest = max((len(p) for p in prompt_ids), default=0) + greedy_tokens
+    with llamacpp_runner.runner(gguf, n_ctx=longest, threads=threads) as r:
+        greedy = [r.greedy(ids, greedy_tokens, eos) for ids in prompt_ids]
+    positions: list[dict[int, float]] = []
+    target: list[float] = []
+    if chunks:
+        with llamacpp_runner.runner(gguf, n_ctx=max(map(len, chunks)), threads=threads, all_logits=True) as r:
+            for c in chunks:
+                lp = torch.log_softmax(torch.from_numpy(r.logits(c)).double(), -1)
+                for t in P.scored_range(len(c)):
+                    top = torch.topk(lp[t], k)
+                    positions.append(dict(zip(top.indices.tolist(), top.values.tolist())))
+                    target.append(float(lp[t, c[t + 1]]))
+    return {"prompt_ids": prompt_ids, "greedy": greedy, "chunks": chunks, "k": k,
+            "positions": positions, "target_lp": target}
+
+
+def against_reference(gguf: str | Path, *, save_ref: str | None = None, ref: str | None = None,
+                      tokenizer: str | Path | None = None, out: str | None = None,
+                      corpus_chunks: int | None = None, chunk_len: int | None = None,
+                      greedy_tokens: int | None = None, kl_k: int = DEFAULT_KL_K,
+                      threads: int | None = None) -> dict:
+    """`vllm-edge fidelity --engine llama.cpp`: llama.cpp on ``gguf`` saved as a reference, or
+    scored against one (a vLLM build's, or another GGUF's), with vLLM's token ids and metrics, so
+    one table compares the engines on the same file."""
+    from vllm_edge.bench import prompts as P
+    from vllm_edge.bench.fidelity import engine as fidelity
+    from vllm_edge.bench.fidelity.defaults import DEFAULT_CORPUS_CHUNKS
+    from vllm_edge.bench.llamacpp import runner as llamacpp_runner
+    from vllm_edge.common import atomic, provenance
+
+    if (save_ref is None) == (ref is None):
+        raise ValueError("give exactly one of --save-ref DIR or --ref DIR")
+    if not llamacpp_runner.available():
+        raise ValueError(llamacpp_runner.SKIP_REASON)
+    gguf = Path(gguf)
+    if not gguf.is_file():
+        raise FileNotFoundError(f"{gguf}: no such GGUF file")
+    if tokenizer is None:
+        raise ValueError("--engine llama.cpp needs --tokenizer DIR: the model directory whose tokenizer "
+                         "and chat template make the token ids (the same ones vLLM's side reads)")
+    tok = _TokenizerOnly(tokenizer)
+    build = build_label(gguf)
+    if ref is not None:
+        reference = fidelity.load_reference(ref)
+        prompt_ids, chunks, k = reference["prompt_ids"], reference["chunks"], reference["k"]
+        greedy_tokens = reference["meta"].get("greedy_tokens", greedy_tokens or fidelity.DEFAULT_GREEDY_TOKENS)
+    else:
+        prompt_ids = fidelity.chat_prompt_ids(tok.tokenizer)
+        chunks = P.corpus_chunks(tok.encode, chunk_len or fidelity.DEFAULT_CHUNK,
+                                 corpus_chunks or DEFAULT_CORPUS_CHUNKS)
+        k = fidelity.DEFAULT_K
+        greedy_tokens = greedy_tokens or fidelity.DEFAULT_GREEDY_TOKENS
+    data = collect(gguf, prompt_ids, chunks, k, greedy_tokens, tok.eos_id, threads)
+    prov = provenance.collect(model=gguf, threads=threads)
+    engine = {"engine": "llama.cpp", "threads": threads}
+    if save_ref is not None:
+        fidelity.save_reference(save_ref, data, meta={"model": str(gguf), "build": build,
+                                                      "greedy_tokens": greedy_tokens, "provenance": prov})
+        result = {"benchmark": "fidelity-reference", "build": build, "model": str(gguf),
+                  "reference": str(save_ref), "prompts": len(prompt_ids), "chunks": len(chunks),
+                  "k": k, "engine": engine, "provenance": prov}
+    else:
+        scored = fidelity.score(reference, data, kl_k=kl_k)
+        result = {"benchmark": "fidelity", "build": build, "model": str(gguf), "reference": str(ref),
+                  "reference_build": reference["meta"].get("build"),
+                  "reference_model": reference["meta"].get("model"), **scored,
+                  "chunks": len(chunks), "engine": engine, "provenance": prov}
+    return atomic.write_result(out, result)

@@ -13,6 +13,10 @@ from support.llamacpp import default_gguf, need_llama_cpp
 from vllm_edge.common.jsonline import last_json_line
 
 pytestmark = pytest.mark.slow
+# vLLM's lossless repack against llama.cpp on the same Q4_1 file, teacher-forced: 0.962 over
+# 2040 positions (benchmarks/results/fidelity_vs_llamacpp_q4_1_*.json); bf16 activations in
+# vLLM against llama.cpp's f32/Q8 ones set that floor. Margin for the 510 positions here.
+TOP1_SAME_FILE = 0.93
 
 
 def test_a_build_against_itself_is_perfect(tmp_path, default_model_dir):

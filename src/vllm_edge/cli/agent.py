@@ -19,13 +19,15 @@ def run_suite(args: argparse.Namespace) -> int:
     with reported(ValueError):
         tasks = select_tasks(args.tasks)
         variants = select_variants(args.variants)
+    tool_choice = "required" if args.constrained else "auto"
     chat = openai_chat(args.base_url, args.model, api_key=args.api_key, temperature=args.temperature,
-                       max_tokens=args.max_tokens, seed=args.seed)
+                       max_tokens=args.max_tokens, seed=args.seed, tool_choice=tool_choice)
     report = suite.run_suite(chat, tasks, variants, repeat=args.repeat, max_steps=args.max_steps)
     for line in suite.format_summary(report["summary"]):
         print(line)
     report["config"].update(base_url=args.base_url, model=args.model, temperature=args.temperature,
-                            max_tokens=args.max_tokens, seed=args.seed)
+                            max_tokens=args.max_tokens, seed=args.seed, constrained=args.constrained,
+                            tool_choice=tool_choice)
     if args.out:
         suite.write_report(args.out, report, extra_provenance={"served_model": args.model,
                                                                "base_url": args.base_url,
@@ -74,6 +76,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--temperature", type=float, default=0.0)
     r.add_argument("--max-tokens", type=int, default=256, help="per model turn")
     r.add_argument("--seed", type=int, default=None)
+    r.add_argument("--constrained", action="store_true",
+                   help="send tool_choice=required: the server constrains every reply to a call of one "
+                        "of the offered tools (vLLM: structured outputs through xgrammar)")
     add_out(r, default="benchmarks/results/agent_suite.json", help="JSON result path ('' for none)")
     r.set_defaults(func=run_suite)
     ls = asub.add_parser("list", help="tasks and variants")

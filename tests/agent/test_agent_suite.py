@@ -220,3 +220,68 @@ def test_cli_constrained_run_records_the_mode_and_the_calls(stub_server, tmp_pat
     assert data["config"]["constrained"] is True and data["config"]["tool_choice"] == "required"
     assert data["summary"]["valid_call_rate"] == 1.0 and data["runs"][0]["turns"][0]["call"] == "valid"
     assert data["summary"]["per_task"]["wifi_already_on"]["answered_turns"] == 1
+
+
+def test_prompts_by_name():
+    from vllm_edge.agent import prompts
+    from vllm_edge.agent.loop import SYSTEM_PROMPT
+    from vllm_edge.agent.tasks import TASKS
+
+    assert prompts.prompt("default") == SYSTEM_PROMPT
+    ex = prompts.prompt("example")
+    assert ex.startswith(SYSTEM_PROMPT) and '<tool_call>{"name": "tap", "arguments": {"index": 2}}</tool_call>' in ex
+    # the example shows the format on a task the suite does not score
+    assert not any(t.goal in ex for t in TASKS.values()) and "Camera" in ex
+    with pytest.raises(ValueError, match="unknown prompt 'long'; one of default, example"):
+        prompts.prompt("long")
+
+
+def test_cli_needs_one_server_source(capsys):
+    from vllm_edge.cli import main
+
+    assert main(["agent", "run", "--model", "m", "--tasks", "wifi_on"]) == 2
+    assert "give --base-url URL (a running server) or --serve (start one)" in capsys.readouterr().err
+    assert main(["agent", "run", "--base-url", "http://127.0.0.1:9/v1", "--tasks", "wifi_on"]) == 2
+    assert "the served model name is needed" in capsys.readouterr().err
+    assert main(["agent", "run", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--prompt", "x"]) == 2
+
+
+def test_cli_serve_runs_against_the_server_it_started_and_keeps_its_log(monkeypatch, tmp_path, capsys):
+    """--serve: the server the run started answers the requests; its log ends gzipped beside
+    the artifact, which names it, and nothing else is left behind. (A stub stands in for the
+    model server; the engine-backed run is in tests/serving/test_toolcalls_engine.py.)"""
+    import gzip
+
+    from vllm_edge.bench import soak
+    from vllm_edge.cli import main
+
+    started = {}
+
+    def start_server(args, port, log):
+        log.write_text("stub serve " + " ".join(args) + "\n")
+        srv = HTTPServer(("127.0.0.1", port), _Stub)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        started.update(args=args, srv=srv)
+        return srv
+
+    def stop_server(srv):
+        srv.shutdown()
+        srv.server_close()
+        started["stopped"] = True
+        return 0
+
+    monkeypatch.setattr(soak, "start_server", start_server)
+    monkeypatch.setattr(soak, "stop_server", stop_server)
+    _Stub.requests = []
+    _Stub.reply = _reply("task_complete", '{"summary": "on"}')
+    out = tmp_path / "agent" / "run.json"
+    rc = main(["agent", "run", "--serve", "--quant", "none", "--tasks", "wifi_already_on", "--variants", "base",
+               "--prompt", "example", "--constrained", "--out", str(out)])
+    assert rc == 0, capsys.readouterr()
+    assert started["args"] == ["default", "--quant", "none"] and started["stopped"]
+    assert _Stub.requests and _Stub.requests[0]["body"]["model"] == "default"
+    assert _Stub.requests[0]["body"]["messages"][0]["content"].endswith('"Opened the Camera app."}}</tool_call>')
+    data = json.loads(out.read_text())
+    assert data["config"]["server_log"] == "run.server.log.gz" and data["config"]["prompt"] == "example"
+    assert gzip.decompress((out.parent / "run.server.log.gz").read_bytes()).startswith(b"stub serve default")
+    assert sorted(p.name for p in out.parent.iterdir()) == ["run.json", "run.server.log.gz"]

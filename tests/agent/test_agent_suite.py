@@ -114,7 +114,7 @@ def test_openai_chat_adapter(stub_server):
         {"id": "t1", "type": "function", "function": {"name": "tap", "arguments": '{"index": 2}'}}]}
     chat = openai_chat(stub_server, "edge-model", temperature=0.0, max_tokens=64, seed=7)
     msg = chat([{"role": "user", "content": "hi"}], TOOLS)
-    assert msg == {"role": "assistant", "content": None, "tool_calls": [
+    assert msg == {"role": "assistant", "content": None, "finish_reason": "tool_calls", "tool_calls": [
         {"id": "t1", "type": "function", "function": {"name": "tap", "arguments": '{"index": 2}'}}]}
     req = _Stub.requests[0]
     assert req["path"] == "/v1/chat/completions"
@@ -168,6 +168,8 @@ def _reply(name, arguments):
     ({"role": "assistant", "content": '<tool_call>{"name": "tap", "arguments": {"index": 2}}</tool_call>'},
      "no_tool_call"),  # a call written as text is recoverable, but it is not what the server returned as one
     (None, "no_tool_call"),
+    ({"role": "assistant", "content": '<tool_call>{"name": "type_text", "arguments": {"text": "aaaa',
+      "finish_reason": "length"}, "cut_at_max_tokens"),
 ])
 def test_judge_call(reply, verdict):
     assert suite.judge_call(reply, TOOLS) == verdict

@@ -50,7 +50,10 @@ def openai_chat(
                 raise ContextOverflow(str(exc)) from exc
             raise
         msg = resp.choices[0].message
-        out: dict[str, Any] = {"role": "assistant", "content": msg.content}
+        out: dict[str, Any] = {"role": "assistant", "content": msg.content,
+                               # not part of the message: lets the suite tell a call cut by
+                               # max_tokens from one never made
+                               "finish_reason": resp.choices[0].finish_reason}
         if msg.tool_calls:
             out["tool_calls"] = [{
                 "id": tc.id, "type": "function",

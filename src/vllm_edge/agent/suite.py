@@ -24,14 +24,15 @@ MIN_RUNS_PER_TASK = 3  # below this a pass rate says little
 
 def judge_call(reply: dict | None, tools: list[dict]) -> str:
     """``valid``, or why the reply's first tool call is not a valid call of an offered tool:
-    ``no_tool_call``, ``unknown_tool``, ``invalid_json``, ``schema_invalid``.
+    ``no_tool_call``, ``cut_at_max_tokens`` (the reply ran out of tokens before a call was
+    complete), ``unknown_tool``, ``invalid_json``, ``schema_invalid``.
 
     Text that merely looks like a call (which the loop may still recover) is not valid here:
     the measure is what the server returned as a call.
     """
     calls = (reply or {}).get("tool_calls") or []
     if not calls:
-        return "no_tool_call"
+        return "cut_at_max_tokens" if (reply or {}).get("finish_reason") == "length" else "no_tool_call"
     fn = calls[0].get("function") or {}
     offered = {t["function"]["name"]: t["function"] for t in tools}
     if fn.get("name") not in offered:

@@ -171,6 +171,10 @@ def stream_once(base_url: str, body: dict, timeout_s: float = 600) -> dict:
     message, finish = toolcalls.assemble_stream(chunks)
     usage = next((c["usage"] for c in reversed(chunks) if c.get("usage")), {}) or {}
     q1, n1 = queue_time(base_url)
+    deadline = time.perf_counter() + 5
+    while n1 == n0 and time.perf_counter() < deadline:  # the stats may land just after the last chunk
+        time.sleep(0.05)
+        q1, n1 = queue_time(base_url)
     tokens = usage.get("completion_tokens")
     return {"ttft_s": None if ttft is None else round(ttft, 4), "total_s": round(total, 4),
             "queue_s": round(q1 - q0, 4) if n1 - n0 == 1 else None,

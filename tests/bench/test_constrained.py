@@ -106,3 +106,18 @@ def test_cli_refuses_an_unknown_mode(capsys):
 
     assert main(["bench", "constrained", "--modes", "regex", "--base-url", "http://127.0.0.1:9"]) != 0
     assert "unknown mode 'regex'" in capsys.readouterr().err
+
+
+def test_the_serve_guide_table_renders_an_artifact(tmp_path):
+    from vllm_edge.bench import agent_report
+
+    rows = [_row("json_schema", "first", 0.9), _row("json_schema", "cold", 0.3), _row("json_schema", "warm", 0.02),
+            _row("json_schema", "free", 0.01, valid=False)]
+    art = {"benchmark": "constrained", "model_root": "/m/smollm2-135m-cpu_int4-g32", "summary": c.summarize(rows),
+           "backend_libraries": {"loaded_after": ["xgrammar"]}}
+    (tmp_path / "constrained").mkdir()
+    (tmp_path / "constrained" / "x.json").write_text(json.dumps(art))
+    text = agent_report.render_constrained(tmp_path, tmp_path / "docs" / "serve.md")
+    line = next(ln for ln in text.splitlines() if "`json_schema`" in ln)
+    assert line.startswith("| cpu_int4 g32 | `json_schema` | 0.900 s | 0.300 s | 0.020 s | 0.010 s | 0.280 s |")
+    assert "| 3/3 (100%) | 0/1 (0%) | xgrammar | [x.json](../constrained/x.json) |" in line

@@ -4,7 +4,6 @@ library probe and the summary."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -77,11 +76,24 @@ vllm:request_prefill_time_seconds_sum{engine="0",model_name="smollm2-135m"} 9.0
     assert c.parse_queue_time("") == (0.0, 0)
 
 
-def test_backend_libraries_sees_what_a_process_mapped():
-    import xgrammar  # noqa: F401  # maps its native library into this process
+def test_backend_setting_is_read_from_the_engine_core_config_line():
+    line = ("(EngineCore pid=7) INFO [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: "
+            "device_config=cpu, structured_outputs_config=StructuredOutputsConfig(backend='auto', "
+            "disable_any_whitespace=False), seed=0")
+    assert c.backend_setting("noise\n" + line + "\n") == "auto"
+    assert c.backend_setting("no config here") is None
 
-    libs = c.backend_libraries(os.getpid())
-    assert libs[str(os.getpid())]["xgrammar"] is True
+
+def test_auto_resolves_to_xgrammar_only_when_xgrammar_takes_every_schema():
+    pytest.importorskip("vllm")
+    ok = c.action_schema("ab12")
+    assert c.xgrammar_accepts(ok)
+    bad = {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}
+    assert not c.xgrammar_accepts(bad)
+    assert c.resolved_backend("auto", [ok]) == "xgrammar"
+    assert c.resolved_backend("auto", [ok, bad]) == "guidance"
+    assert c.resolved_backend("guidance", [ok]) == "guidance"
+    assert c.resolved_backend(None, [ok]) is None and c.resolved_backend("auto", []) == "auto"
 
 
 def _row(mode, kind, queue, valid=True):
@@ -114,10 +126,10 @@ def test_the_serve_guide_table_renders_an_artifact(tmp_path):
     rows = [_row("json_schema", "first", 0.9), _row("json_schema", "cold", 0.3), _row("json_schema", "warm", 0.02),
             _row("json_schema", "free", 0.01, valid=False)]
     art = {"benchmark": "constrained", "model_root": "/m/smollm2-135m-cpu_int4-g32", "summary": c.summarize(rows),
-           "backend_libraries": {"loaded_after": ["xgrammar"]}}
+           "structured_outputs": {"setting": "auto", "json_schema_backend": "xgrammar"}}
     (tmp_path / "constrained").mkdir()
     (tmp_path / "constrained" / "x.json").write_text(json.dumps(art))
     text = agent_report.render_constrained(tmp_path, tmp_path / "docs" / "serve.md")
     line = next(ln for ln in text.splitlines() if "`json_schema`" in ln)
     assert line.startswith("| cpu_int4 g32 | `json_schema` | 0.900 s | 0.300 s | 0.020 s | 0.010 s | 0.280 s |")
-    assert "| 3/3 (100%) | 0/1 (0%) | xgrammar | [x.json](../constrained/x.json) |" in line
+    assert "| 3/3 (100%) | 0/1 (0%) | auto: xgrammar | [x.json](../constrained/x.json) |" in line

@@ -20,10 +20,11 @@ the request once the grammar is ready), and with one request at a time nothing e
 so that delta is the grammar wait as vLLM measured it. The very first constrained request of
 a server also builds xgrammar's tokenizer tables, which a ``first`` row shows apart.
 
-Whether xgrammar ran is read from the server's processes: which structured-output libraries
-each one has mapped (``/proc/PID/maps``) before the first constrained request and after the
-last. With vLLM's ``auto`` backend a schema xgrammar rejects falls back to guidance; the maps
-tell which one compiled.
+Which backend compiled the grammars: vLLM's ``auto`` structured-output backend (the setting
+the engine core logs at start) tries xgrammar first and keeps it unless xgrammar rejects the
+schema (then guidance). The bench records that setting from the server log and runs vLLM's own
+xgrammar check on every ``json_schema`` schema it sent. Which native libraries a process has
+mapped proves nothing: vLLM imports xgrammar and guidance at server start.
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ from vllm_edge.common.errors import EdgeError
 from vllm_edge.common.schema import schema_errors
 
 MODES = ("json_schema", "tool_required")
-# The native library each structured-output backend loads (looked up in /proc/PID/maps).
-BACKEND_LIBS = {"xgrammar": "xgrammar", "guidance": "llguidance", "outlines": "outlines_core"}
+# Room for a whole answer: the grammar lets the model put whitespace between any two tokens, and
+# SmolLM2-135M does (about 44 tokens for an action object of about 20).
+MAX_TOKENS = 96
+_BACKEND_SETTING = re.compile(r"StructuredOutputsConfig\(backend='([^']+)'")
 SCREEN = """App: com.android.settings
 [0] ImageButton "Navigate up"
 [1] TextView "Wi-Fi"
@@ -184,18 +187,32 @@ def stream_once(base_url: str, body: dict, timeout_s: float = 600) -> dict:
             "finish_reason": finish, "message": message}
 
 
-def backend_libraries(server_pid: int) -> dict[str, dict[str, bool]]:
-    """pid -> {backend: whether its native library is mapped}, for the server's process tree."""
-    from vllm_edge.common.procmem import process_tree
+def backend_setting(server_log: str) -> str | None:
+    """The structured-output backend the engine core was started with (its config log line)."""
+    m = _BACKEND_SETTING.search(server_log)
+    return m.group(1) if m else None
 
-    out = {}
-    for pid in process_tree(server_pid):
-        try:
-            maps = Path(f"/proc/{pid}/maps").read_text()
-        except OSError:
-            continue
-        out[str(pid)] = {name: f"/{lib}/" in maps or f"{lib}." in maps for name, lib in BACKEND_LIBS.items()}
-    return out
+
+def xgrammar_accepts(schema: dict) -> bool:
+    """vLLM's own check, the one ``auto`` runs first: True when xgrammar takes the schema."""
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import SamplingParams, StructuredOutputsParams
+    from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
+
+    try:
+        validate_xgrammar_grammar(SamplingParams(structured_outputs=StructuredOutputsParams(json=schema)))
+    except (VLLMValidationError, ValueError):
+        return False
+    return True
+
+
+def resolved_backend(setting: str | None, schemas: list[dict]) -> str | None:
+    """The backend vLLM compiles ``schemas`` with under ``setting`` (None when unknown)."""
+    if setting is None or not schemas:
+        return setting
+    if setting != "auto":
+        return setting
+    return "xgrammar" if all(xgrammar_accepts(s) for s in schemas) else "guidance"
 
 
 def _median(xs: list[float | None]) -> float | None:
@@ -239,16 +256,19 @@ def _rate(by_kind: dict, kinds: tuple[str, ...]) -> float | None:
     return sum(by_kind[k]["valid"] for k in kinds) / n if n else None
 
 
-def run_against(base_url: str, server_pid: int | None, *, schemas: int = 4, repeats: int = 3,
-                modes: tuple[str, ...] = MODES, max_tokens: int = 48, model: str = "default",
+def run_against(base_url: str, server_log: str | Path | None, *, schemas: int = 4, repeats: int = 3,
+                modes: tuple[str, ...] = MODES, max_tokens: int = MAX_TOKENS, model: str = "default",
                 log=print) -> dict:
-    """Every mode: ``schemas`` fresh schemas, each sent cold, ``repeats`` times warm, once free."""
+    """Every mode: ``schemas`` fresh schemas, each sent cold, ``repeats`` times warm, once free.
+    ``server_log`` (the server's output) tells the backend setting."""
     base_url = soak.require_loopback(base_url)
-    libs_before = backend_libraries(server_pid) if server_pid else None
     rows: list[dict] = []
+    sent_schemas: list[dict] = []
 
     def send(mode: str, kind: str, nonce: str, index: int) -> None:
         body = request_body(mode, kind, nonce, secrets.token_hex(4), model, max_tokens)
+        if kind in ("first", "cold") and "response_format" in body:
+            sent_schemas.append(body["response_format"]["json_schema"]["schema"])
         r = stream_once(base_url, body)
         r["verdict"] = verdict(mode, body, r["message"], r["finish_reason"], nonce)
         row = {"mode": mode, "kind": kind, "schema": index, **r}
@@ -268,20 +288,17 @@ def run_against(base_url: str, server_pid: int | None, *, schemas: int = 4, repe
             for _ in range(repeats):
                 send(mode, "warm", nonce, i)
             send(mode, "free", nonce, i)
-    libs_after = backend_libraries(server_pid) if server_pid else None
+    setting = backend_setting(Path(server_log).read_text(errors="replace")) if server_log else None
     for r in rows:  # the text is evidence; keep it short
         msg = r.pop("message")
         r["output"] = (msg.get("content") or json.dumps(msg.get("tool_calls")))[:300]
     return {"rows": rows, "summary": summarize(rows),
-            "backend_libraries": {"before": libs_before, "after": libs_after,
-                                  "loaded_after": sorted({b for p in (libs_after or {}).values()
-                                                          for b, on in p.items() if on}),
-                                  "loaded_before": sorted({b for p in (libs_before or {}).values()
-                                                           for b, on in p.items() if on})}}
+            "structured_outputs": {"setting": setting,
+                                   "json_schema_backend": resolved_backend(setting, sent_schemas)}}
 
 
 def run(model: str = "default", *, serve_args: list[str] | None = None, base_url: str | None = None,
-        server_pid: int | None = None, out: str | None = None, label: str = "", **kw) -> dict:
+        server_log: str | None = None, out: str | None = None, label: str = "", **kw) -> dict:
     """Start a server (unless ``base_url``), measure, stop it, write ``out`` atomically with
     provenance; the server log lands beside ``out``."""
     import httpx
@@ -297,14 +314,14 @@ def run(model: str = "default", *, serve_args: list[str] | None = None, base_url
         port = soak.free_port()
         args = [model, *(serve_args or [])]
         proc = soak.start_server(args, port, log_path)
-        base_url, server_pid = f"http://127.0.0.1:{port}", proc.pid
+        base_url, server_log = f"http://127.0.0.1:{port}", str(log_path)
     try:
         try:
             root = httpx.get(base_url + "/v1/models", timeout=30).json()["data"][0].get("root")
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
             raise ConstrainedBenchError(f"{base_url}/v1/models: not a vLLM server answering "
                                         f"({type(exc).__name__}: {exc})") from None
-        result = run_against(base_url, server_pid, model=model, **kw)
+        result = run_against(base_url, server_log, model=model, **kw)
     finally:
         if proc is not None:
             soak.stop_server(proc)

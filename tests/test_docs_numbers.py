@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_edge.bench import claims, compare, report
+from vllm_edge.bench import agent_report, claims, compare, report
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = "benchmarks/results"
@@ -135,6 +135,38 @@ def test_docs_results_holds_only_generated_files():
     assert sorted(p.name for p in (DOCS / "results").iterdir()) == ["comparisons.md", "results.md"]
 
 
+# --- the guides' generated tables -------------------------------------------------------
+
+@pytest.mark.parametrize("rel,markers,render", agent_report.REGIONS, ids=["agent", "constrained"])
+def test_guide_tables_match_the_artifacts(rel, markers, render):
+    doc = REPO / rel
+    text = doc.read_text()
+    assert markers[0] in text and markers[1] in text, f"{rel}: the generated table's markers are gone"
+    want = report.splice(text, render(REPO / RESULTS, doc), *markers)
+    bad = _diff(text, want)
+    assert not bad, f"{rel}: the generated table differs from the artifacts; run `vllm-edge report`:\n" + "\n".join(bad)
+
+
+def test_a_changed_agent_artifact_changes_the_table(tmp_path):
+    import shutil
+
+    doc = REPO / agent_report.AGENT_DOC
+    results = tmp_path / "results"
+    shutil.copytree(REPO / RESULTS / "agent", results / "agent")
+    before = agent_report.render_agent(results, doc)
+    victim = sorted((results / "agent").glob("*.json"))[0]
+    data = json.loads(victim.read_text())
+    data["summary"]["passed"] += 1
+    victim.write_text(json.dumps(data))
+    assert agent_report.render_agent(results, doc) != before
+
+
+def test_the_build_of_a_served_weights_directory():
+    assert agent_report.build_name("/x/models/smollm2-135m-cpu_int4-g32") == "cpu_int4 g32"
+    assert agent_report.build_name("/x/models/smollm2-135m-bf16") == "bf16"
+    assert agent_report.build_name("/x/models/other") == "other"
+
+
 # --- no hand-copied figures -----------------------------------------------------------
 
 # A measured figure: a rate, a size in MB, a bandwidth, a time in ms or µs, or a ratio like 2.01×
@@ -150,8 +182,15 @@ def measured_figures(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if MEASURED.search(line)]
 
 
+def _without_generated(text: str) -> str:
+    for begin, end in (agent_report.AGENT_MARKERS, agent_report.CONSTRAINED_MARKERS):
+        if begin in text:
+            text = text[:text.index(begin)] + text[text.index(end):]
+    return text
+
+
 def _hand_written_docs() -> dict[str, str]:
-    docs = {str(p.relative_to(REPO)): p.read_text() for p in sorted(DOCS.rglob("*.md"))
+    docs = {str(p.relative_to(REPO)): _without_generated(p.read_text()) for p in sorted(DOCS.rglob("*.md"))
             if p.parent.name != "results"}
     text = README.read_text()
     docs["README.md (outside the measured region)"] = (text[:text.index(claims.BEGIN)]

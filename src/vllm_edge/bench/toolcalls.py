@@ -23,6 +23,7 @@ from typing import Any
 
 from vllm_edge.bench import prompts, soak
 from vllm_edge.common.errors import EdgeError
+from vllm_edge.common.schema import schema_errors
 
 # share of each kind in a client's cycle; cancel/overlong are the soak's neighbours
 MIX = {"tool_named": 4, "tool_required": 2, "tool_auto": 1, "cancel": 1, "overlong": 1}
@@ -31,42 +32,6 @@ CONSTRAINED = ("tool_named", "tool_required")
 
 class ToolStressError(EdgeError):
     pass
-
-
-def schema_errors(value: Any, schema: dict, path: str = "$") -> list[str]:
-    """Violations of the JSON-schema subset our tools use (type, properties, required,
-    enum, additionalProperties: false)."""
-    errs: list[str] = []
-    typ = schema.get("type")
-    checks = {
-        "object": lambda v: isinstance(v, dict),
-        "string": lambda v: isinstance(v, str),
-        "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-        "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-        "boolean": lambda v: isinstance(v, bool),
-        "array": lambda v: isinstance(v, list),
-        "null": lambda v: v is None,
-    }
-    if typ is not None:
-        types = typ if isinstance(typ, list) else [typ]
-        if not any(checks[t](value) for t in types):
-            return [f"{path}: expected {typ}, got {type(value).__name__}"]
-    if "enum" in schema and value not in schema["enum"]:
-        errs.append(f"{path}: {value!r} not in {schema['enum']}")
-    if isinstance(value, dict):
-        props = schema.get("properties", {})
-        for name in schema.get("required", []):
-            if name not in value:
-                errs.append(f"{path}: missing {name!r}")
-        for name, v in value.items():
-            if name in props:
-                errs += schema_errors(v, props[name], f"{path}.{name}")
-            elif schema.get("additionalProperties") is False:
-                errs.append(f"{path}: unexpected {name!r}")
-    if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, v in enumerate(value):
-            errs += schema_errors(v, schema["items"], f"{path}[{i}]")
-    return errs
 
 
 def judge(message: dict, finish_reason: str | None, choice: Any, tools: list[dict]) -> str:

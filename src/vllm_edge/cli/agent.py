@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import gzip
+import os
+import shutil
+from pathlib import Path
 
-from vllm_edge.cli.args import add_out, reported
+from vllm_edge.cli.args import add_out, add_weight_quant, reported
 
 NAME = "agent"
 HELP = "agent suite on a simulated phone, judged by device state"
@@ -12,35 +16,74 @@ GROUP = True
 
 
 def run_suite(args: argparse.Namespace) -> int:
-    from vllm_edge.agent import suite
-    from vllm_edge.agent.client import openai_chat
+    from vllm_edge.agent import prompts
     from vllm_edge.agent.tasks import select_tasks, select_variants
 
     with reported(ValueError):
         tasks = select_tasks(args.tasks)
         variants = select_variants(args.variants)
-    chat = openai_chat(args.base_url, args.model, api_key=args.api_key, temperature=args.temperature,
-                       max_tokens=args.max_tokens, seed=args.seed)
-    report = suite.run_suite(chat, tasks, variants, repeat=args.repeat, max_steps=args.max_steps)
+        system_prompt = prompts.prompt(args.prompt)
+        if (args.base_url is None) == (not args.serve):
+            raise ValueError("give --base-url URL (a running server) or --serve (start one), not both")
+        if args.base_url and not args.model:
+            raise ValueError("--model: the served model name is needed with --base-url")
+    if args.serve:
+        return _with_server(args, tasks, variants, system_prompt)
+    return _run(args, args.base_url, tasks, variants, system_prompt, server_log=None)
+
+
+def _run(args, base_url, tasks, variants, system_prompt, server_log: str | None) -> int:
+    from vllm_edge.agent import suite
+    from vllm_edge.agent.client import openai_chat
+
+    tool_choice = "required" if args.constrained else "auto"
+    chat = openai_chat(base_url, args.model, api_key=args.api_key, temperature=args.temperature,
+                       max_tokens=args.max_tokens, seed=args.seed, tool_choice=tool_choice)
+    report = suite.run_suite(chat, tasks, variants, repeat=args.repeat, max_steps=args.max_steps,
+                             system_prompt=system_prompt)
     for line in suite.format_summary(report["summary"]):
         print(line)
-    report["config"].update(base_url=args.base_url, model=args.model, temperature=args.temperature,
-                            max_tokens=args.max_tokens, seed=args.seed)
+    report["config"].update(base_url=base_url, model=args.model, temperature=args.temperature,
+                            max_tokens=args.max_tokens, seed=args.seed, constrained=args.constrained,
+                            tool_choice=tool_choice, prompt=args.prompt, engine="vllm",
+                            serve_args=getattr(args, "serve_args", None), server_log=server_log)
     if args.out:
-        suite.write_report(args.out, report, extra_provenance={"served_model": args.model,
-                                                               "base_url": args.base_url,
-                                                               "server_model": _served(args)})
+        suite.write_report(args.out, report, extra_provenance={"served_model": args.model, "base_url": base_url,
+                                                               "server_model": _served(args, base_url)})
         print(f"wrote {args.out}")
     return 1 if report["summary"]["errors"] else 0
 
 
-def _served(args: argparse.Namespace) -> dict | None:
+def _with_server(args, tasks, variants, system_prompt) -> int:
+    """Start `vllm-edge serve` on a free loopback port for this run; its log, gzipped, lands
+    beside --out (the artifact names it), so the result carries what the server said."""
+    from vllm_edge.bench import soak
+
+    out = Path(args.out) if args.out else Path("agent_suite.json")
+    log = out.with_name(out.stem + ".server.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    args.serve_args = ["default", "--quant", args.quant] + (["--enforce-eager"] if args.enforce_eager else [])
+    port = soak.free_port()
+    proc = soak.start_server(args.serve_args, port, log)
+    try:
+        args.model = args.model or "default"
+        return _run(args, f"http://127.0.0.1:{port}/v1", tasks, variants, system_prompt,
+                    server_log=log.name + ".gz")
+    finally:
+        soak.stop_server(proc)
+        with open(log, "rb") as src, gzip.open(f"{log}.gz.partial", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.replace(f"{log}.gz.partial", f"{log}.gz")  # atomic: a half-written log never shows
+        log.unlink()
+
+
+def _served(args: argparse.Namespace, base_url: str) -> dict | None:
     """What the server says it runs under that name (vLLM: the weights directory as `root`), so
     a result names its build even when every build is served as 'default'."""
     from openai import OpenAI
 
     try:
-        models = OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=10).models.list()
+        models = OpenAI(base_url=base_url, api_key=args.api_key, max_retries=0, timeout=10).models.list()
     except Exception as exc:  # the runs are already done; a missing listing only costs provenance
         return {"error": f"{type(exc).__name__}: {exc}"}
     for m in models.data:
@@ -52,19 +95,26 @@ def _served(args: argparse.Namespace) -> dict | None:
 
 def list_tasks(args: argparse.Namespace) -> int:
     from vllm_edge.agent.device import VARIANTS
+    from vllm_edge.agent.prompts import PROMPTS
     from vllm_edge.agent.tasks import TASKS
 
     for t in TASKS.values():
         print(f"{t.name}: {t.goal}")
     print("variants: " + ", ".join(VARIANTS))
+    print("prompts: " + ", ".join(PROMPTS))
     return 0
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     asub = p.add_subparsers(dest="agent_command", required=True)
     r = asub.add_parser("run", help="run tasks x variants x repeats against an OpenAI-compatible server")
-    r.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000/v1")
-    r.add_argument("--model", required=True, help="served model name")
+    r.add_argument("--base-url", default=None, help="a running server, e.g. http://127.0.0.1:8000/v1")
+    r.add_argument("--serve", action="store_true",
+                   help="start `vllm-edge serve default` on a free loopback port for the run instead; "
+                        "its log is gzipped beside --out")
+    add_weight_quant(r)
+    r.add_argument("--enforce-eager", action="store_true", help="with --serve: no torch.compile")
+    r.add_argument("--model", default=None, help="served model name (with --serve: default)")
     r.add_argument("--api-key", default="EMPTY")
     r.add_argument("--tasks", default="all", help="'all' or a comma list (see `vllm-edge agent list`)")
     r.add_argument("--variants", default="all",
@@ -74,9 +124,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--temperature", type=float, default=0.0)
     r.add_argument("--max-tokens", type=int, default=256, help="per model turn")
     r.add_argument("--seed", type=int, default=None)
+    r.add_argument("--constrained", action="store_true",
+                   help="send tool_choice=required: the server constrains every reply to a call of one "
+                        "of the offered tools (vLLM: structured outputs through xgrammar)")
+    r.add_argument("--prompt", default="default", help="system prompt: default or example (one worked example)")
     add_out(r, default="benchmarks/results/agent_suite.json", help="JSON result path ('' for none)")
     r.set_defaults(func=run_suite)
-    ls = asub.add_parser("list", help="tasks and variants")
+    ls = asub.add_parser("list", help="tasks, variants and prompts")
     ls.set_defaults(func=list_tasks)
 
 

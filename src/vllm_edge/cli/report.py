@@ -9,7 +9,8 @@ from vllm_edge.bench import report as results_report
 from vllm_edge.cli.args import reported
 
 NAME = "report"
-HELP = "regenerate docs/results/results.md and README.md's measured section and its plots from benchmarks/results/"
+HELP = ("regenerate docs/results/results.md, README.md's measured section, its plots and the guides' "
+        "generated tables from benchmarks/results/")
 DESCRIPTION = ("Reads every *.json and *.jsonl in --results and rewrites the part "
                f"of --doc between {results_report.BEGIN} and {results_report.END}.")
 
@@ -23,10 +24,17 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_edge.bench import agent_report
+
     with reported(RuntimeError, ValueError):
         out = results_report.report(args.results, args.doc, args.plots_dir)
+        readme = results_report.default_readme(args.results)
+        # a repository's own results also own the generated tables in its guides
+        out["guides"] = agent_report.splice_guides(args.results, readme.parent) if readme else []
     print(f"wrote {out['doc']} from {out['artifacts']} artifact record(s); plots: "
           + (", ".join(out["plots"]) or "none"))
+    for g in out["guides"]:
+        print(f"wrote the generated table in {g}")
     for s in out["skipped"]:
         print(f"skipped {s}", file=sys.stderr)
     return 0

@@ -1,4 +1,4 @@
-"""`vllm-edge models ...`: prepare, import, export, build and list checkpoints."""
+"""`vllm-edge models ...`: prepare, import, export, repack, build and list checkpoints."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ HELP = "prepare and import models"
 GROUP = True
 SUBCOMMANDS = {name: f"vllm_edge.cli.models.{module}" for name, module in (
     ("prepare", "prepare"), ("import-gguf", "import_gguf"), ("export-gguf", "export_gguf"),
-    ("synthetic", "synthetic"), ("build-vlm", "build_vlm"), ("list", "list_models"), ("rm", "rm"),
+    ("repack-gptq", "repack_gptq"), ("synthetic", "synthetic"), ("build-vlm", "build_vlm"),
+    ("list", "list_models"), ("rm", "rm"),
 )}
 
 

@@ -14,7 +14,7 @@ import pytest
 from vllm_edge.bench import compare, speed
 from vllm_edge.bench.grid import runner as grid
 from vllm_edge.common import stats
-from vllm_edge.common.errors import UsageError
+from vllm_edge.common.errors import EdgeError, UsageError
 from vllm_edge.quant.groups import DEFAULT_GROUP
 
 # What llama.cpp arms printed before they decoded batches (old artifacts must still render).
@@ -233,3 +233,58 @@ def test_render_only_without_artifacts_names_the_file(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert str(tmp_path / "none" / "speed" / "summary.json") in proc.stderr
+
+
+def test_a_gguf_file_is_compared_with_itself_in_llama_cpp(tmp_path, monkeypatch):
+    from vllm_edge.models import gguf_import, store
+
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path / "home"))
+    f = tmp_path / "My Model.Q4_K_M.gguf"
+    f.write_bytes(b"GGUF not really")
+    b = compare.builds(str(f))
+    sha = gguf_import.sha256_file(f)
+    assert b[compare.FILE_ARM] == f.resolve()
+    assert b["vllm-cpu_int4"] == store.gguf_build_dir(sha, "cpu_int4")  # the repack of the same file
+    assert b["vllm-bf16"] == store.gguf_build_dir(sha, None)
+    assert b["llamacpp-BF16"].name == f"gguf-{sha[:16]}.bf16.gguf"
+    assert ("vllm-cpu_int4", compare.FILE_ARM) in compare.PAIRS
+    assert compare.REFERENCES[compare.FILE_ARM] == "llamacpp-BF16"
+    spec = compare.fidelity_spec(b, ref_dir=tmp_path / "ref", out_dir=tmp_path / "fid", threads=2)
+    [arm] = [a for a in spec["arms"] if a["name"] == compare.FILE_ARM]
+    assert _flag(arm["cmd"], "--cand") == str(f.resolve()) and _flag(arm["cmd"], "--ref") == str(b["llamacpp-BF16"])
+    assert compare.user_slug(str(f)) == "My-Model.Q4_K_M"
+    with pytest.raises(store.ModelNotAvailable, match="nope.gguf: no such GGUF file"):
+        compare.builds(str(tmp_path / "nope.gguf"))
+    assert compare.FILE_ARM not in compare.builds("default")
+
+
+def test_a_folder_is_compared_from_itself(tmp_path, monkeypatch):
+    from vllm_edge.models import store
+    from vllm_edge.quant.quantize import QuantizeError
+
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path / "home"))
+    d = tmp_path / "my-llama"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    b = compare.builds(str(d))
+    sha = store.folder_sha256(d)
+    assert b["vllm-bf16"] == d.resolve() and compare.FILE_ARM not in b
+    assert b["vllm-cpu_int4"] == store.folder_build_dir(sha, "cpu_int4", DEFAULT_GROUP)
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
+                                               "quantization_config": {"quant_method": "gptq"}}))
+    with pytest.raises(QuantizeError, match="my-llama/config.json: field quantization_config"):
+        compare.builds(str(d))
+
+
+def test_a_user_model_gets_its_own_page(tmp_path, monkeypatch):
+    monkeypatch.setattr(compare, "render", lambda out, d, shown: ("BODY\n", []))
+    doc = tmp_path / "c.md"
+    compare.write_doc(tmp_path, doc, title="my.gguf")
+    text = doc.read_text()
+    assert text.startswith("# vLLM (vllm-edge) and llama.cpp, side by side: my.gguf")
+    assert "SmolLM2" not in text and text.index(compare.BEGIN) < text.index("BODY") < text.index(compare.END)
+    other = tmp_path / "notes.md"
+    other.write_text("my notes\n")
+    with pytest.raises(EdgeError, match="notes.md: has no"):
+        compare.write_doc(tmp_path, other, title="my.gguf")
+    assert other.read_text() == "my notes\n"

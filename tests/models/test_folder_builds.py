@@ -188,3 +188,57 @@ def test_bench_and_fidelity_quantize_a_folder_when_asked(home, folder, made):
     assert built.parent == home / "models" / "hf" and manifest.problem(built) is None
     assert store.ensure_model(str(folder)) == folder
     assert store.ensure_model(str(made[0]), "cpu_int4", 32) == made[0]  # ours: as stored
+
+
+@pytest.fixture(scope="module")
+def gptq_export(made, tmp_path_factory):
+    from vllm_edge.quant.quantize import quantize_model
+
+    out = quantize_model(made[1], tmp_path_factory.mktemp("gptq") / "ours", "gptq", 64, progress=False)
+    theirs = out.parent / "my-gptq"
+    shutil.copytree(out, theirs)
+    (theirs / manifest.NAME).unlink()  # as a GPTQ folder from elsewhere would be
+    return theirs
+
+
+def test_a_gptq_folder_is_repacked_once_not_quantized_again(home, gptq_export, monkeypatch):
+    from safetensors.torch import load_file
+
+    from vllm_edge.models.gptq_repack import REPORT_NAME
+    from vllm_edge.runtime import weight_path
+
+    assert store.is_gptq_folder(gptq_export)
+    path, wpath = weight_path.model_for_engine(str(gptq_export))
+    assert path.parent == home / "models" / "hf" and path.name.endswith("-cpu_int4-gptq")
+    assert (wpath.name, wpath.group) == ("cpu_int4", 64)
+    assert any("GPTQ folder" in r and "repacked" in r for r in wpath.reasons)
+    report = json.loads((path / REPORT_NAME).read_text())
+    assert report["group_size"] == 64 and report["repacked"] > 0 and report["max_error_over_bound"] <= 1
+    assert json.loads((path / "config.json").read_text())["quantization_config"]["quant_method"] == "cpu_int4"
+    src_keys = set(load_file(next(gptq_export.glob("*.safetensors"))))
+    assert any(k.endswith(".qweight") for k in src_keys)
+    out_keys = set(load_file(next(path.glob("*.safetensors"))))
+    assert not any(k.endswith(".qweight") for k in out_keys)
+    [b] = cache.builds()
+    assert (b.scheme, b.source, b.kind) == ("cpu_int4-g64", str(gptq_export.resolve()),
+                                             "gptq-repack/1+folder/1")
+
+    _no_child(monkeypatch)
+    assert weight_path.model_for_engine(str(gptq_export))[0] == path
+    assert store.prepare_folder(gptq_export, progress=False) == path
+    # --quant none: vLLM's own loader gets the folder as it is
+    stored, wp = weight_path.model_for_engine(str(gptq_export), dtype="bf16")
+    assert stored == gptq_export and wp.name == "gptq"
+
+
+def test_a_gptq_folder_that_cannot_be_repacked_is_named(home, gptq_export, tmp_path):
+    from vllm_edge.models.gptq_repack import GptqSourceError
+
+    bad = tmp_path / "gptq-8bit"
+    shutil.copytree(gptq_export, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["quantization_config"]["bits"] = 8
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(GptqSourceError, match=r"gptq-8bit/config.json: quantization_config bits=8"):
+        store.prepare_folder(bad, progress=False)
+    assert not (home / "models" / "hf").exists() or not list((home / "models" / "hf").glob("*-gptq"))

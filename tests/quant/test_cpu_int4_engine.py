@@ -7,29 +7,18 @@ from __future__ import annotations
 
 import pytest
 
+from support.chat_prompts import MAX_TOKENS, conversations
 from support.hosts import AMX_NUMERICS, amx_host
 
 pytestmark = pytest.mark.slow
 
-SYSTEM = "You are a helpful assistant."
-PROMPTS = [
-    "What is the capital of France?",
-    "Name three primary colors.",
-    "Write a haiku about the sea.",
-    "What is 12 times 12?",
-    "Give me a synonym for happy.",
-    "Who wrote Romeo and Juliet?",
-    "Explain what a CPU does in one sentence.",
-    "List the days of the week.",
-]
-MAX_TOKENS = 24
 
 
 def _generate(run_llm, model_dir):
     from vllm import SamplingParams
 
     def use(llm):
-        convs = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": p}] for p in PROMPTS]
+        convs = conversations()
         outs = llm.chat(convs, SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)
         modes = llm.apply_model(lambda m: sorted({getattr(x, "cpu_int4_mode", "-") for x in m.modules()}))
         native = llm.apply_model(lambda m: sorted({x.cpu_int4_native_op for x in m.modules()

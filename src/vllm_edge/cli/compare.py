@@ -20,7 +20,8 @@ DESCRIPTION = (compare.__doc__.split("\n\n")[0] + " Default budget: under 30 min
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    add_model(p, help="embedded model key, or 'default'")
+    add_model(p, help="embedded model key, 'default', a GGUF file (llama.cpp also runs the file itself, "
+                      "vLLM its cpu_int4 repack) or a bf16 model folder")
     p.add_argument("--synthetic-1b", action="store_true",
                    help="a 1B random-weight Llama (hidden 2048, 16 layers): speed and memory only; "
                         "builds ~5 GB of checkpoints once; well over 30 minutes")
@@ -37,8 +38,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-fidelity", action="store_true")
     p.add_argument("--arms", default=None, metavar="A,B,...",
                    help="run only these arms (names as in the tables: vllm-bf16, vllm-cpu_int4, "
-                        "vllm-cpu_int4-g64 (1B only), llamacpp-BF16, llamacpp-Q4_K_M, llamacpp-Q4_0, "
-                        "llamacpp-Q8_0); fidelity needs every arm and is skipped")
+                        "vllm-cpu_int4-g64 (1B only), llamacpp-BF16, llamacpp-file (a GGUF model "
+                        "only), llamacpp-Q4_K_M, llamacpp-Q4_0, llamacpp-Q8_0); fidelity needs every "
+                        "arm and is skipped")
     p.add_argument("--quick", action="store_true",
                    help="the 4-bit arms only (" + ", ".join(compare.QUICK_ARMS) + "; those that exist "
                         "for the model), no fidelity: one sitting, the 1B included")
@@ -53,8 +55,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lock-file", default=None, help="advisory host lock (default: the grid's)")
     p.add_argument("--smoke", action="store_true", help="mark the document as a pipeline smoke, not results")
     add_out(p, default=None, help=f"artifact directory (default {compare.DEFAULT_OUT}, "
-                                  f"or {compare.DEFAULT_OUT_1B} with --synthetic-1b)")
-    p.add_argument("--doc", default=compare.DEFAULT_DOC, help="markdown file to update (default %(default)s)")
+                                  f"{compare.DEFAULT_OUT_1B} with --synthetic-1b, or "
+                                  f"{compare.DEFAULT_OUT}_<name> for a GGUF file or folder)")
+    p.add_argument("--doc", default=None, help=f"markdown file to update (default {compare.DEFAULT_DOC}; "
+                                               "a GGUF file or folder gets its own page, "
+                                               "<out>/comparisons.md)")
     p.add_argument("--render-only", action="store_true", help="redraw --doc from --out without measuring")
 
 
@@ -66,11 +71,15 @@ def run(args: argparse.Namespace) -> int:
     from vllm_edge.cli.args import reported
     from vllm_edge.common import pinning
 
-    out_dir = Path(args.out or (compare.DEFAULT_OUT_1B if args.synthetic_1b else compare.DEFAULT_OUT))
-    doc = Path(args.doc)
+    user = compare.is_user_model(args.model) and not args.synthetic_1b
+    default_out = (compare.DEFAULT_OUT_1B if args.synthetic_1b else
+                   f"{compare.DEFAULT_OUT}_{compare.user_slug(args.model)}" if user else compare.DEFAULT_OUT)
+    out_dir = Path(args.out or default_out)
+    doc = Path(args.doc or (out_dir / "comparisons.md" if user else compare.DEFAULT_DOC))
+    title = args.model if user else None
     if args.render_only:
         with reported(FileNotFoundError):
-            res = compare.write_doc(out_dir, doc, synthetic_1b=args.synthetic_1b)
+            res = compare.write_doc(out_dir, doc, synthetic_1b=args.synthetic_1b, title=title)
         print(json.dumps(res))
         return 0
     if not llamacpp_runner.available():
@@ -97,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
                       allow_busy=args.allow_busy, enforce_eager=args.enforce_eager,
                       greedy_tokens=args.fidelity_greedy_tokens, chunks=args.fidelity_chunks,
                       lock_path=args.lock_file, wait_lock=args.wait_lock, command=command,
-                      smoke=args.smoke, synthetic_1b=args.synthetic_1b)
+                      smoke=args.smoke, synthetic_1b=args.synthetic_1b, title=title)
     print(grid.format_summary(res["speed"]), file=sys.stderr)
     print(f"wrote {res['doc']} and {', '.join(res['plots'])}; artifacts in {out_dir}", file=sys.stderr)
     failed = {a: c["failed"] for s in (res["speed"], res["fidelity"]) if s for a, c in s["runs"].items()

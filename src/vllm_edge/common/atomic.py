@@ -176,6 +176,24 @@ def lock(final: str | os.PathLike) -> Iterator[None]:
             os.close(fd)
 
 
+def build_once(final: str | os.PathLike, want: dict[str, Any], build: Callable[[], Path], *,
+               force: bool = False, ignore: tuple[str, ...] = ("source",), log: Any = None,
+               redo: str = "building again", ready: str | None = None) -> Path:
+    """``final`` when the build there is complete and its manifest agrees with ``want``
+    (except on ``ignore``), else what ``build()`` returns; decided under ``final``'s lock, so a
+    second builder waits and then finds the build ready. ``log`` gets ``ready`` (info) or why
+    it is rebuilt, followed by ``redo`` (warning)."""
+    with lock(final):
+        why = manifest.mismatch(final, want, ignore)
+        if not force and why is None:
+            if log is not None and ready:
+                log.info("%s", ready)
+            return Path(final)
+        if Path(final).exists() and why and log is not None:
+            log.warning("%s; %s", why, redo)
+        return build()
+
+
 def clean_stale(final: str | os.PathLike) -> list[Path]:
     """Remove what killed writers left beside ``final`` (call with its lock held), and put
     back a build that a killed two-step swap had moved aside."""

@@ -287,14 +287,10 @@ def import_gguf(src: str | os.PathLike, out: str | os.PathLike, *, force: bool =
         _check_llama(info)
     atomic.check_destination(out, kind=KIND, inputs=[src], force=force)
     source_sha = sha256_file(src)
-    with atomic.lock(out):
-        why = manifest.mismatch(out, {"source_sha256": source_sha, "converter": CONVERTER_VERSION})
-        if not force and why is None:
-            logger.info("%s is already converted from %s", out, src.name)
-            return out
-        if out.exists() and why:
-            logger.warning("%s; converting again", why)
-        return _convert(src, out, info, source_sha, force=force, progress=progress)
+    return atomic.build_once(out, {"source_sha256": source_sha, "converter": CONVERTER_VERSION},
+                             lambda: _convert(src, out, info, source_sha, force=force, progress=progress),
+                             force=force, log=logger, redo="converting again",
+                             ready=f"{out} is already converted from {src.name}")
 
 
 def _convert(src: Path, out: Path, info: GgufInfo, source_sha: str, *, force: bool,

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 import time
@@ -129,14 +128,9 @@ def repack_gguf(src: str | os.PathLike, out: str | os.PathLike, *, requantize: b
     gguf_import._check_llama(info)
     atomic.check_destination(out, kind=KIND, inputs=[src], force=force)
     want = wanted(gguf_import.sha256_file(src), requantize=requantize, keep_embedding=keep_embedding)
-    with atomic.lock(out):
-        why = manifest.mismatch(out, want)
-        if not force and why is None:
-            logger.info("%s is already repacked from %s", out, src.name)
-            return out
-        if out.exists() and why:
-            logger.warning("%s; repacking again", why)
-        return _write(src, out, info, want, force=force, progress=progress)
+    return atomic.build_once(out, want, lambda: _write(src, out, info, want, force=force, progress=progress),
+                             force=force, log=logger, redo="repacking again",
+                             ready=f"{out} is already repacked from {src.name}")
 
 
 def wanted(source_sha256: str, *, requantize: bool = True, keep_embedding: bool = False) -> dict:
@@ -166,7 +160,7 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
     from tqdm import tqdm
 
     from vllm_edge.quant import pack, repack
-    from vllm_edge.quant.quantize import cpu_int4_config, snr_db
+    from vllm_edge.quant.quantize import cpu_int4_config, mean_bits_per_weight, snr_db
 
     started = time.time()
     config, gen_config, tok = _read_config(src)
@@ -250,7 +244,6 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
     counts: dict[str, int] = {}
     for e in report:
         counts[e["route"]] = counts.get(e["route"], 0) + 1
-    n_weights = sum(math.prod(e["shape"]) for e in report)
     summary = {
         "source": str(src), "gguf_types": sorted({e["gguf_type"] for e in report}),
         "group_size": GROUP, "requantize": want["requantize"], "keep_embedding": want["keep_embedding"],
@@ -259,8 +252,7 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
         "max_error_over_bound": max((e["max_error_over_bound"] for e in report
                                      if "max_error_over_bound" in e), default=None),
         "routes": counts, "tied_head": tied,
-        "bits_per_weight": round(sum(e["bits_per_weight"] * math.prod(e["shape"]) for e in report)
-                                 / max(n_weights, 1), 4),
+        "bits_per_weight": mean_bits_per_weight(report),
         "seconds": round(time.time() - started, 1),
         "quantization_config": qcfg, "tensors": report,
     }

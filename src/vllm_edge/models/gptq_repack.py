@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -98,16 +96,22 @@ def _fused_siblings(base: str) -> list[str]:
 
 
 def repack_gptq(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = False,
-                progress: bool = True) -> Path:
+                progress: bool = True, manifest: dict | None = None) -> Path:
     """Write the cpu_int4 checkpoint of GPTQ directory ``src`` to ``out`` (atomically, with a
-    manifest and ``repack_report.json``). An existing ``out`` that is not a GPTQ repack is
+    manifest, which ``manifest`` adds fields to, and ``repack_report.json``). An existing ``out`` that is not a GPTQ repack is
     refused unless ``force``; nothing is written when any tensor is refused."""
     import torch
-    from safetensors.torch import save_file
     from tqdm import tqdm
 
     from vllm_edge.quant import gptq_repack
-    from vllm_edge.quant.quantize import QuantizeError, cpu_int4_config, load_ref, tensor_refs
+    from vllm_edge.quant.quantize import (
+        QuantizeError,
+        cpu_int4_config,
+        load_ref,
+        mean_bits_per_weight,
+        tensor_refs,
+        write_weights,
+    )
 
     src, out = Path(src).expanduser().resolve(), Path(out).expanduser().resolve()
     config, gq = read_gptq_config(src)
@@ -163,7 +167,6 @@ def repack_gptq(src: str | os.PathLike, out: str | os.PathLike, *, force: bool =
 
     qcfg = cpu_int4_config(target, quantize_embedding=False, modules_to_not_convert=plain)
     new_config = {**config, "quantization_config": qcfg}
-    n_weights = sum(math.prod(e["shape"]) for e in report)
     summary = {
         "source": str(src), "gptq": gq, "group_size": target,
         "split": target != gq["group_size"],
@@ -171,23 +174,18 @@ def repack_gptq(src: str | os.PathLike, out: str | os.PathLike, *, force: bool =
                   "|zero|), scale and zero exact (quant/gptq_repack.py)"},
         "max_error_over_bound": max((e["max_error_over_bound"] for e in report), default=None),
         "repacked": len(report), "kept_as_stored": plain,
-        "bits_per_weight": round(sum(e["bits_per_weight"] * math.prod(e["shape"]) for e in report)
-                                 / max(n_weights, 1), 4),
+        "bits_per_weight": mean_bits_per_weight(report),
         "seconds": round(time.time() - started, 1),
         "quantization_config": qcfg, "tensors": report,
     }
     with atomic.directory(out, kind=KIND, inputs=[src], force=force) as tmp:
-        save_file(out_tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "model.safetensors").chmod(0o644)
-        for f in src.iterdir():
-            if f.is_file() and f.name not in _SKIP_COPY and f.suffix != ".safetensors":
-                shutil.copy2(f, tmp / f.name)
+        write_weights(tmp, out_tensors, src, _SKIP_COPY)
         (tmp / "config.json").write_text(json.dumps(new_config, indent=2) + "\n")
         (tmp / REPORT_NAME).write_text(json.dumps(summary, indent=2) + "\n")
         manifest_file.write(tmp, {"converter": CONVERTER_VERSION, "source": str(src),
                                   "scheme": "cpu_int4", "group_size": target,
                                   "gptq_group_size": gq["group_size"], "sym": gq["sym"],
-                                  "checkpoint_format": gq["checkpoint_format"]})
+                                  "checkpoint_format": gq["checkpoint_format"], **(manifest or {})})
     return out
 
 

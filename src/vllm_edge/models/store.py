@@ -113,14 +113,9 @@ def prepare_quantized(name: str = DEFAULT, scheme: str = "cpu_int4", group: int 
     bf16 = prepare(name, progress=progress)
     want = _quant_manifest(bf16, scheme, group)
     out = quantized_dir(model, scheme, group)
-    with atomic.lock(out):  # a second preparer waits here, then finds the build ready
-        why = manifest.mismatch(out, want)
-        if not force and why is None:
-            return out
-        if out.exists() and why:
-            logger.warning("%s; quantizing again", why)
-        return quantize_model(bf16, out, scheme=scheme, group=group, progress=progress,
-                              manifest=want, force=force)
+    return atomic.build_once(out, want, lambda: quantize_model(
+        bf16, out, scheme=scheme, group=group, progress=progress, manifest=want, force=force),
+        force=force, log=logger, redo="quantizing again")
 
 
 def repacked_dir(model: EmbeddedModel, keep_embedding: bool = False) -> Path:
@@ -187,13 +182,29 @@ def is_edge_build(path: str | Path) -> bool:
     return bool(manifest.read(path))
 
 
-def _declares_quantization(path: Path) -> bool:
+def _quant_method(path: Path) -> str | None:
+    """The ``quant_method`` a folder's config declares (``"?"`` when it declares one oddly)."""
     import json
 
     try:
-        return bool(json.loads((path / "config.json").read_text()).get("quantization_config"))
+        qc = json.loads((path / "config.json").read_text()).get("quantization_config")
     except (OSError, ValueError, AttributeError):
-        return False  # the loader names what is wrong with it
+        qc = None  # the loader names what is wrong with it
+    if not qc and (path / "quantize_config.json").is_file():
+        return "gptq"  # older GPTQ exports keep their settings beside the config
+    if not qc:
+        return None
+    return str(qc.get("quant_method", "?")).lower() if isinstance(qc, dict) else "?"
+
+
+def _declares_quantization(path: Path) -> bool:
+    return _quant_method(path) is not None
+
+
+def is_gptq_folder(path: str | Path) -> bool:
+    """A GPTQ checkpoint folder: its 4-bit codes are repacked into cpu_int4, not requantized."""
+    p = Path(path).expanduser()
+    return p.is_dir() and not is_edge_build(p) and _quant_method(p) == "gptq"
 
 
 def _folder_files(src: Path) -> list[Path]:
@@ -235,20 +246,57 @@ def _folder_want(scheme: str, group: int) -> dict:
     return {"converter": f"{CONVERTER_VERSION}+{FOLDER_CONVERTER}", "scheme": scheme, "group_size": group}
 
 
-def cached_folder_build(src: Path, scheme: str, group: int) -> Path | None:
-    """The complete build of this folder, as it is now, from the current converter, if one
-    is cached (found by the folder's path and fingerprint, so no hashing)."""
+GPTQ_SUFFIX = "cpu_int4-gptq"  # the group is the checkpoint's own, so it is not in the name
+
+
+def gptq_build_dir(source_sha256: str) -> Path:
+    return envs.home() / "models" / "hf" / f"{source_sha256[:16]}-{GPTQ_SUFFIX}"
+
+
+def _gptq_want() -> dict:
+    from vllm_edge.models.gptq_repack import CONVERTER_VERSION
+
+    return {"converter": f"{CONVERTER_VERSION}+{FOLDER_CONVERTER}", "scheme": "cpu_int4"}
+
+
+def _cached(src: Path, suffix: str, want: dict) -> Path | None:
     base = envs.home() / "models" / "hf"
     if not base.is_dir():
         return None
-    want = _folder_want(scheme, group)
     fp = folder_fingerprint(src)
-    for d in sorted(base.glob(f"*-{scheme}-g{group}")):
+    for d in sorted(base.glob(f"*-{suffix}")):
         have = manifest.read(d)
         if (have.get("source") == str(src) and have.get("source_files") == fp
                 and manifest.mismatch(d, want, ignore=("source", "source_sha256", "source_files")) is None):
             return d
     return None
+
+
+def cached_folder_build(src: Path, scheme: str, group: int) -> Path | None:
+    """The complete build of this folder, as it is now, from the current converter, if one
+    is cached (found by the folder's path and fingerprint, so no hashing). A GPTQ folder's
+    build is its repack, whatever ``group``."""
+    if is_gptq_folder(src):
+        return _cached(src, GPTQ_SUFFIX, _gptq_want())
+    return _cached(src, f"{scheme}-g{group}", _folder_want(scheme, group))
+
+
+def prepare_gptq_folder(path: str | Path, *, force: bool = False, progress: bool = True) -> Path:
+    """Repack a GPTQ folder into cpu_int4 once (its codes kept, at its own group size);
+    cached by content like any folder build."""
+    from vllm_edge.models.gptq_repack import read_gptq_config, repack_gptq
+
+    src = Path(path).expanduser().resolve()
+    read_gptq_config(src)  # names what cannot be repacked before any hashing
+    if not force and (hit := _cached(src, GPTQ_SUFFIX, _gptq_want())) is not None:
+        return hit
+    sha = folder_sha256(src, progress)
+    out = gptq_build_dir(sha)
+    want = {"source": str(src), "source_sha256": sha, "source_files": folder_fingerprint(src),
+            **_gptq_want()}
+    return atomic.build_once(out, want, lambda: repack_gptq(
+        src, out, force=force, progress=progress, manifest=want),
+        force=force, ignore=("source", "source_files"), log=logger, redo="repacking again")
 
 
 def prepare_folder(path: str | Path, scheme: str = "cpu_int4", group: int = DEFAULT_GROUP, *,
@@ -258,6 +306,8 @@ def prepare_folder(path: str | Path, scheme: str = "cpu_int4", group: int = DEFA
     from vllm_edge.quant.quantize import quantize_model, read_source_config
 
     src = Path(path).expanduser().resolve()
+    if scheme == "cpu_int4" and is_gptq_folder(src):
+        return prepare_gptq_folder(src, force=force, progress=progress)
     read_source_config(src)  # names an unsupported architecture, or an already-quantized source
     if not force and (hit := cached_folder_build(src, scheme, group)) is not None:
         return hit
@@ -265,14 +315,9 @@ def prepare_folder(path: str | Path, scheme: str = "cpu_int4", group: int = DEFA
     out = folder_build_dir(sha, scheme, group)
     want = {"source": str(src), "source_sha256": sha, "source_files": folder_fingerprint(src),
             **_folder_want(scheme, group)}
-    with atomic.lock(out):
-        why = manifest.mismatch(out, want, ignore=("source", "source_files"))
-        if not force and why is None:
-            return out
-        if out.exists() and why:
-            logger.warning("%s; quantizing again", why)
-        return quantize_model(src, out, scheme=scheme, group=group, progress=progress,
-                              manifest=want, force=force)
+    return atomic.build_once(out, want, lambda: quantize_model(
+        src, out, scheme=scheme, group=group, progress=progress, manifest=want, force=force),
+        force=force, ignore=("source", "source_files"), log=logger, redo="quantizing again")
 
 
 def ensure_folder(name: str, scheme: str, group: int | None = None) -> Path:
@@ -286,8 +331,10 @@ def ensure_folder(name: str, scheme: str, group: int | None = None) -> Path:
     if hit is not None:
         return hit
     # the same content under another path or date: hashing here is cheaper than a child
-    out = folder_build_dir(folder_sha256(src), scheme, group)
-    if manifest.mismatch(out, _folder_want(scheme, group)) is None:
+    sha = folder_sha256(src)
+    gptq = scheme == "cpu_int4" and is_gptq_folder(src)
+    out = gptq_build_dir(sha) if gptq else folder_build_dir(sha, scheme, group)
+    if manifest.mismatch(out, _gptq_want() if gptq else _folder_want(scheme, group)) is None:
         return out
     try:
         _prepare_in_child([sys.executable, "-m", "vllm_edge.cli", "models", "prepare", str(src),
@@ -331,7 +378,8 @@ def ensure_model(name: str, scheme: str | None = None, group: int | None = None)
         return ensure_gguf(name, scheme)
     if not (name == "default" or name in MODELS):
         path = resolve_model_path(name)
-        if scheme and path.is_dir() and not is_edge_build(path) and not _declares_quantization(path):
+        if scheme and path.is_dir() and not is_edge_build(path) and (
+                not _declares_quantization(path) or (scheme == "cpu_int4" and is_gptq_folder(path))):
             return ensure_folder(str(path), scheme, group)
         return path
     model = resolve_key(name)

@@ -39,17 +39,15 @@ A scale that is already a bf16 value (what our exporter writes) is carried exact
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from vllm_edge.common.errors import EdgeError
-from vllm_edge.quant import pack
+from vllm_edge.quant import repack
 from vllm_edge.quant.groups import GROUPS
-from vllm_edge.quant.repack import EPS, to_bf16
+from vllm_edge.quant.repack import EPS, Repacked, bound, dequantize
 
-__all__ = ["EPS", "FORMATS", "GptqRepackError", "Repacked", "check", "decode", "dequantize_gptq",
-           "target_group"]
+__all__ = ["EPS", "FORMATS", "GptqRepackError", "Repacked", "bound", "check", "decode", "dequantize",
+           "dequantize_gptq", "target_group"]
 
 PACK = 8  # 4-bit values per int32 word
 SYM_ZERO = 8
@@ -59,21 +57,6 @@ FORMATS = {"gptq": 1, "gptq_v2": 0}
 
 class GptqRepackError(EdgeError):
     """A GPTQ tensor or checkpoint that cannot be repacked; the message names it and says why."""
-
-
-@dataclass
-class Repacked:
-    """One linear in cpu_int4 form: codes 0..15 and the exact per-group scale and zero."""
-
-    codes: torch.Tensor  # uint8 [N, K]
-    scale: torch.Tensor  # float64 [N, K / group], exact
-    zero: torch.Tensor   # float64 [N, K / group], exact
-    group: int
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """The checkpoint tensors of :mod:`.pack`'s plain layout."""
-        return {"weight_packed": pack.pack_nibbles(self.codes),
-                "weight_scale": to_bf16(self.scale), "weight_zero": to_bf16(self.zero)}
 
 
 def target_group(gptq_group: int, ks: list[int], name: str = "the checkpoint") -> int:
@@ -183,35 +166,7 @@ def dequantize_gptq(t: dict[str, torch.Tensor], *, group: int,
     return (scales.to(torch.float64)[col_group] * (q - zeros[col_group])).t().contiguous()
 
 
-def dequantize(r: Repacked) -> torch.Tensor:
-    """What the cpu_int4 checkpoint holds, dequantized as :mod:`.pack` does (float32)."""
-    p = r.tensors()
-    return pack.dequantize_plain(p["weight_packed"], p["weight_scale"], p["weight_zero"], r.group)
-
-
-def bound(r: Repacked) -> torch.Tensor:
-    """``EPS * M`` per weight (float64 [N, K]); see the module docstring."""
-    k = r.codes.shape[1]
-    q = r.codes.to(torch.float64) - SYM_ZERO
-    return EPS * (q.abs() * pack.expand_groups(r.scale.abs(), r.group, k)
-                  + pack.expand_groups(r.zero.abs(), r.group, k))
-
-
 def check(r: Repacked, reference: torch.Tensor, name: str = "?") -> float:
     """Largest ``|ours - reference| / (EPS * M)`` over the tensor; raises when any weight is
     outside its bound. ``reference`` is GPTQ's value, [N, K]."""
-    ref = torch.as_tensor(reference).to(torch.float64)
-    if ref.shape != r.codes.shape:
-        raise GptqRepackError(f"tensor {name}: reference shape {list(ref.shape)}, repacked "
-                              f"{list(r.codes.shape)}")
-    ours = dequantize(r).to(torch.float64)
-    err = (ours - ref).abs()
-    lim = bound(r)
-    over = err > lim
-    if over.any():
-        i, j = over.nonzero()[0].tolist()
-        raise GptqRepackError(f"tensor {name}: weight ({i}, {j}) repacks to {float(ours[i, j]):.9g}, "
-                              f"GPTQ gives {float(ref[i, j]):.9g}: off by {float(err[i, j]):.3g}, "
-                              f"over the bound {float(lim[i, j]):.3g}")
-    ratio = torch.where(lim > 0, err / lim.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
-    return float(ratio.max()) if ratio.numel() else 0.0
+    return repack.check(r, reference, name, source="GPTQ", error=GptqRepackError)

@@ -73,6 +73,24 @@ def read_source_config(src: Path) -> dict:
 _SKIP_COPY = {"config.json", "model.safetensors.index.json", REPORT_NAME, MANIFEST_NAME}
 
 
+def mean_bits_per_weight(report: list[dict]) -> float:
+    """The report's bits per weight, weighted by each tensor's size."""
+    n = sum(math.prod(r["shape"]) for r in report)
+    return round(sum(r["bits_per_weight"] * math.prod(r["shape"]) for r in report) / max(n, 1), 4)
+
+
+def write_weights(tmp: Path, tensors: dict[str, torch.Tensor], src: Path, skip: set[str]) -> None:
+    """One ``model.safetensors`` in the build directory ``tmp``, plus every other file of
+    ``src`` but its weights and the names in ``skip`` (tokenizer, templates, generation config)."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "model.safetensors").chmod(0o644)
+    for f in src.iterdir():
+        if f.is_file() and f.name not in skip and f.suffix != ".safetensors":
+            shutil.copy2(f, tmp / f.name)
+
+
 def tensor_refs(src: Path) -> Iterator[tuple[str, tuple[Path, str]]]:
     """(name, ref) for every tensor of a safetensors checkpoint directory, in file order;
     :func:`load_ref` reads one. Nothing is loaded here."""
@@ -212,7 +230,6 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
     siblings. All of these are listed in ``modules_to_not_convert`` and, with reasons,
     in the report's ``kept_bf16``.
     """
-    from safetensors.torch import save_file
     from tqdm import tqdm
 
     if scheme not in SCHEMES:
@@ -317,7 +334,7 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
         "clip_ratios": list(pack.DEFAULT_CLIP_RATIOS),
         "head_untied": untied,
         "quantized_weights": n_q,
-        "bits_per_weight": round(sum(r["bits_per_weight"] * math.prod(r["shape"]) for r in report) / max(n_q, 1), 4),
+        "bits_per_weight": mean_bits_per_weight(report),
         "snr_db_min": min((r["snr_db"] for r in report), default=None),
         "snr_db_mean": round(sum(r["snr_db"] for r in report) / max(len(report), 1), 3),
         "quantization_config": qcfg,
@@ -327,11 +344,7 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
     build_manifest = {"converter": CONVERTER_VERSION, "source": str(src.resolve()),
                       "scheme": scheme, "group_size": group, **(manifest or {})}
     with atomic.directory(dst, kind=KIND, inputs=[src], force=force) as tmp:
-        save_file(out, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "model.safetensors").chmod(0o644)
-        for f in src.iterdir():
-            if f.is_file() and f.name not in _SKIP_COPY and f.suffix != ".safetensors":
-                shutil.copy2(f, tmp / f.name)
+        write_weights(tmp, out, src, _SKIP_COPY)
         (tmp / "config.json").write_text(json.dumps(new_config, indent=2) + "\n")
         (tmp / REPORT_NAME).write_text(json.dumps(summary, indent=2) + "\n")
         if scheme == "gptq":  # AutoGPTQ-style tools read it from here

@@ -55,12 +55,13 @@ class Repacked:
     """One tensor in cpu_int4 form: codes in 0..15 and the exact per-group scale and zero."""
 
     codes: torch.Tensor  # uint8 [N, K]
-    scale: torch.Tensor  # float64 [N, K / 32], exact
-    zero: torch.Tensor   # float64 [N, K / 32], exact
+    scale: torch.Tensor  # float64 [N, K / group], exact
+    zero: torch.Tensor   # float64 [N, K / group], exact
+    group: int = GROUP   # GGUF blocks are 32 wide; a GPTQ source keeps its own group
 
     def take_rows(self, index: torch.Tensor) -> "Repacked":
         """Rows reordered (every field is per output row, so a row permutation is exact)."""
-        return Repacked(self.codes[index], self.scale[index], self.zero[index])
+        return Repacked(self.codes[index], self.scale[index], self.zero[index], self.group)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The checkpoint tensors of :mod:`.pack`'s plain layout."""
@@ -149,32 +150,34 @@ def decode(fmt: str, raw: torch.Tensor, k: int, name: str = "?") -> Repacked:
 def dequantize(r: Repacked) -> torch.Tensor:
     """What the cpu_int4 checkpoint holds, dequantized as :mod:`.pack` does (float32)."""
     t = r.tensors()
-    return pack.dequantize_plain(t["weight_packed"], t["weight_scale"], t["weight_zero"], GROUP)
+    return pack.dequantize_plain(t["weight_packed"], t["weight_scale"], t["weight_zero"], r.group)
 
 
 def bound(r: Repacked) -> torch.Tensor:
     """``EPS * M`` per weight (float64 [N, K]); see the module docstring."""
     k = r.codes.shape[1]
     q = r.codes.to(torch.float64) - 8
-    return EPS * (q.abs() * pack.expand_groups(r.scale.abs(), GROUP, k)
-                  + pack.expand_groups(r.zero.abs(), GROUP, k))
+    return EPS * (q.abs() * pack.expand_groups(r.scale.abs(), r.group, k)
+                  + pack.expand_groups(r.zero.abs(), r.group, k))
 
 
-def check(r: Repacked, reference: torch.Tensor, name: str = "?") -> float:
-    """Largest ``|ours - reference| / (EPS * M)`` over the tensor; raises when any weight is
-    outside its bound. ``reference`` is gguf's own dequantization, [N, K]."""
+def check(r: Repacked, reference: torch.Tensor, name: str = "?", *, source: str = "gguf",
+          error: type[EdgeError] = RepackError) -> float:
+    """Largest ``|ours - reference| / (EPS * M)`` over the tensor; raises ``error`` when any
+    weight is outside its bound. ``reference`` is the source format's own dequantization
+    (``source`` names it in the message), [N, K]."""
     ref = torch.as_tensor(reference).to(torch.float64)
     if ref.shape != r.codes.shape:
-        raise RepackError(f"tensor {name}: reference shape {list(ref.shape)}, repacked "
-                          f"{list(r.codes.shape)}")
+        raise error(f"tensor {name}: reference shape {list(ref.shape)}, repacked "
+                    f"{list(r.codes.shape)}")
     ours = dequantize(r).to(torch.float64)
     err = (ours - ref).abs()
     lim = bound(r)
     over = err > lim
     if over.any():
         i, j = over.nonzero()[0].tolist()
-        raise RepackError(f"tensor {name}: weight ({i}, {j}) repacks to {float(ours[i, j]):.9g}, "
-                          f"gguf gives {float(ref[i, j]):.9g}: off by {float(err[i, j]):.3g}, "
-                          f"over the bound {float(lim[i, j]):.3g}")
+        raise error(f"tensor {name}: weight ({i}, {j}) repacks to {float(ours[i, j]):.9g}, "
+                    f"{source} gives {float(ref[i, j]):.9g}: off by {float(err[i, j]):.3g}, "
+                    f"over the bound {float(lim[i, j]):.3g}")
     ratio = torch.where(lim > 0, err / lim.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
     return float(ratio.max()) if ratio.numel() else 0.0

@@ -193,6 +193,16 @@ def _model_for_engine(model: str, priority: str, dtype: str) -> tuple[Any, Weigh
         return store.ensure_gguf(model, wpath.scheme), wpath
     path = store.ensure_model(model)
     stored = for_checkpoint(path)
+    if store.is_gptq_folder(path):
+        wpath = for_run(hw.profile(), priority, dtype)
+        if wpath.scheme in (None, "gptq"):  # as stored, or vLLM's own GPTQ path on this CPU
+            return path, stored
+        wpath.reasons.append("a GPTQ folder: its 4-bit codes are repacked into cpu_int4 at its own "
+                             "group size (docs/guide/quantize.md), not quantized again; built once, "
+                             "cached under VLLM_EDGE_HOME/models/hf by its content")
+        built = store.ensure_folder(str(path), "cpu_int4")
+        wpath.group = for_checkpoint(built).group
+        return built, wpath
     if stored.scheme is not None or store.is_edge_build(path):
         return path, stored
     wpath = for_run(hw.profile(), priority, dtype)

@@ -116,6 +116,13 @@ _declare(
     "only removes work.",
 )
 _declare(
+    "VLLM_EDGE_TIMELINE", "path", None,
+    "When set, every process appends its startup phases (interpreter, imports, config, "
+    "tokenizer, weights, AOT load, KV allocation, warm-up, first token) to this JSONL file; "
+    "`vllm-edge bench startup` sets it. Off: nothing is wrapped.",
+    "Measurement only; common/timeline.py wraps vLLM's startup steps just when it is set.",
+)
+_declare(
     "VLLM_EDGE_LOG_LEVEL", "str", "INFO",
     "Log level of the vllm_edge logger.",
     "INFO shows patch states once per process, which is what a user needs to "

@@ -43,6 +43,9 @@ def register() -> None:
 
         loaded = patches.load_all()
         from vllm_edge import attention, kernels, quant
+        from vllm_edge.common import timeline
+
+        timeline.install()  # measurement only: nothing unless VLLM_EDGE_TIMELINE is set
 
         for reg in [*quant.register(), *kernels.register(), *attention.register()]:
             if reg not in _registrations:

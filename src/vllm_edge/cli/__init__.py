@@ -30,6 +30,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from vllm_edge.common import timeline
+
+    if timeline.path():
+        import time
+
+        from vllm_edge.common.procmem import process_start_epoch
+
+        timeline.record("interpreter", process_start_epoch(), time.time())
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
     if "--" in argv:  # `serve ... -- <vLLM flags>`

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from vllm_edge.common import timeline
 from vllm_edge.common.procmem import TreeSampler, process_start_epoch
 from vllm_edge.serving import engine_log
 
@@ -54,7 +55,8 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
               "(docs/guide/multimodal.md)", file=sys.stderr)
     if loaded and vlm.parse_key(model) is None and not Path(model).is_dir():
         img_mod.check_count(len(loaded), limits, model=model, accepts_images=False)
-    path, wpath = weight_path.model_for_engine(model, priority, dtype)
+    with timeline.phase("model resolution"):
+        path, wpath = weight_path.model_for_engine(model, priority, dtype)
     img_mod.check_count(len(loaded), limits, model=str(path),
                         accepts_images=img_mod.model_accepts_images(path))
     # a fallback is never silent, quiet or not, even with -o json
@@ -78,10 +80,14 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
             for line in edge.explain():
                 print(f"[vllm-edge] {line}", file=sys.stderr)
         t0 = time.time()
-        from vllm import LLM, SamplingParams
-
+        with timeline.phase("import torch"):
+            import torch  # noqa: F401  (vLLM imports it first thing; timed apart)
+        with timeline.phase("import vllm"):
+            from vllm import LLM, SamplingParams
         import_s = time.time() - t0
-        llm = LLM(**edge.kwargs, disable_log_stats=False)
+        timeline.install()  # before LLM(): its config step runs before the plugin loads
+        with timeline.phase("LLM()"):
+            llm = LLM(**edge.kwargs, disable_log_stats=False)
         ready_s = time.time() - started
         status(term, log, "")
         worker = llm.collective_rpc("vllm_edge_report")
@@ -101,6 +107,8 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
         n_tokens = len(out.outputs[0].token_ids)
         itl_n, itl_sum = _histogram(metrics, "vllm:inter_token_latency_seconds")
         ttft_n, ttft_sum = _histogram(metrics, "vllm:time_to_first_token_seconds")
+        if ttft_n:
+            timeline.record("first token", t1, t1 + ttft_sum / ttft_n)
         result = {
             "pid": os.getpid(),
             "model": str(path),

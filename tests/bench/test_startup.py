@@ -1,0 +1,48 @@
+"""bench startup's arithmetic on recorded timelines: offsets from process start, summed
+calls, the part of LLM() no phase covers, medians over passes."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_edge.bench import startup
+
+
+def _rec(name, start, end, pid=1, rss=None):
+    return {"name": name, "start": 100 + start, "end": 100 + end, "pid": pid,
+            "rss_anon_kb": rss}
+
+
+def _records(shift=0.0):
+    return [_rec("interpreter", 0, 0.1), _rec("import vllm", 1, 4 + shift, rss=300 * 1024),
+            _rec("LLM()", 4 + shift, 12 + shift), _rec("engine config", 4 + shift, 5 + shift),
+            _rec("hf config read", 4.2, 4.3), _rec("hf config read", 4.5, 4.7),
+            _rec("engine core", 5 + shift, 11 + shift, rss=700 * 1024),
+            _rec("first token", 12.5 + shift, 13 + shift)]
+
+
+def test_phases_from_process_start():
+    ph = startup.phases(_records())
+    assert ph["import vllm"]["offset_s"] == 1 and ph["import vllm"]["seconds"] == 3
+    assert ph["hf config read"]["calls"] == 2 and ph["hf config read"]["seconds"] == pytest.approx(0.3)
+    assert ph["engine core"]["rss_anon_mb"] == 700
+    assert ph["LLM() other"]["seconds"] == pytest.approx(8 - 1 - 6)
+    assert ph["first token"]["from_start_s"] == 13
+
+
+def test_medians_over_passes_and_order():
+    s = startup.summarize([{"records": _records(x), "wall_s": 14 + x,
+                            "result": {"ready_s": 12 + x, "peak_tree_rss_anon_mb": 800,
+                                       "peak_processes": 1}} for x in (0.0, 1.0, 2.0)])
+    assert s["ready_s_median"] == 13 and s["first_token_from_start_s_median"] == 14
+    assert s["phases"]["import vllm"]["seconds_median"] == 4
+    assert (s["phases"]["import vllm"]["seconds_min"], s["phases"]["import vllm"]["seconds_max"]) == (3, 5)
+    names = list(s["phases"])
+    assert names.index("interpreter") < names.index("import vllm") < names.index("LLM()") < \
+        names.index("first token")
+    assert "LLM()" in startup.format_table({**s, "phases": s["phases"]})
+
+
+def test_a_timeline_without_the_run_is_named():
+    with pytest.raises(startup.StartupError, match="interpreter"):
+        startup.phases([_rec("LLM()", 0, 1)])

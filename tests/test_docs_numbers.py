@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_edge.bench import agent_report, claims, compare, report
+from vllm_edge.bench import claims, compare, guide_tables, report
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = "benchmarks/results"
@@ -137,7 +137,8 @@ def test_docs_results_holds_only_generated_files():
 
 # --- the guides' generated tables -------------------------------------------------------
 
-@pytest.mark.parametrize("rel,markers,render", agent_report.REGIONS, ids=["agent", "constrained"])
+@pytest.mark.parametrize("rel,markers,render", guide_tables.REGIONS,
+                         ids=[m[0].split("-table")[0].lstrip("<!- ") for _, m, _ in guide_tables.REGIONS])
 def test_guide_tables_match_the_artifacts(rel, markers, render):
     doc = REPO / rel
     text = doc.read_text()
@@ -150,21 +151,21 @@ def test_guide_tables_match_the_artifacts(rel, markers, render):
 def test_a_changed_agent_artifact_changes_the_table(tmp_path):
     import shutil
 
-    doc = REPO / agent_report.AGENT_DOC
+    doc = REPO / guide_tables.AGENT_DOC
     results = tmp_path / "results"
     shutil.copytree(REPO / RESULTS / "agent", results / "agent")
-    before = agent_report.render_agent(results, doc)
+    before = guide_tables.render_agent(results, doc)
     victim = sorted((results / "agent").glob("*.json"))[0]
     data = json.loads(victim.read_text())
     data["summary"]["passed"] += 1
     victim.write_text(json.dumps(data))
-    assert agent_report.render_agent(results, doc) != before
+    assert guide_tables.render_agent(results, doc) != before
 
 
 def test_the_build_of_a_served_weights_directory():
-    assert agent_report.build_name("/x/models/smollm2-135m-cpu_int4-g32") == "cpu_int4 g32"
-    assert agent_report.build_name("/x/models/smollm2-135m-bf16") == "bf16"
-    assert agent_report.build_name("/x/models/other") == "other"
+    assert guide_tables.build_name("/x/models/smollm2-135m-cpu_int4-g32") == "cpu_int4 g32"
+    assert guide_tables.build_name("/x/models/smollm2-135m-bf16") == "bf16"
+    assert guide_tables.build_name("/x/models/other") == "other"
 
 
 # --- no hand-copied figures -----------------------------------------------------------
@@ -183,7 +184,7 @@ def measured_figures(text: str) -> list[str]:
 
 
 def _without_generated(text: str) -> str:
-    for begin, end in (agent_report.AGENT_MARKERS, agent_report.CONSTRAINED_MARKERS):
+    for begin, end in (markers for _, markers, _ in guide_tables.REGIONS):
         if begin in text:
             text = text[:text.index(begin)] + text[text.index(end):]
     return text

@@ -121,7 +121,7 @@ def test_cli_refuses_an_unknown_mode(capsys):
 
 
 def test_the_serve_guide_table_renders_an_artifact(tmp_path):
-    from vllm_edge.bench import agent_report
+    from vllm_edge.bench import guide_tables
 
     rows = [_row("json_schema", "first", 0.9), _row("json_schema", "cold", 0.3), _row("json_schema", "warm", 0.02),
             _row("json_schema", "free", 0.01, valid=False)]
@@ -129,7 +129,7 @@ def test_the_serve_guide_table_renders_an_artifact(tmp_path):
            "structured_outputs": {"setting": "auto", "json_schema_backend": "xgrammar"}}
     (tmp_path / "constrained").mkdir()
     (tmp_path / "constrained" / "x.json").write_text(json.dumps(art))
-    text = agent_report.render_constrained(tmp_path, tmp_path / "docs" / "serve.md")
+    text = guide_tables.render_constrained(tmp_path, tmp_path / "docs" / "serve.md")
     line = next(ln for ln in text.splitlines() if "`json_schema`" in ln)
     assert line.startswith("| cpu_int4 g32 | `json_schema` | 0.900 s | 0.300 s | 0.020 s | 0.010 s | 0.280 s |")
     assert "| 3/3 (100%) | 0/1 (0%) | auto: xgrammar | [x.json](../constrained/x.json) |" in line

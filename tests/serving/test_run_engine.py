@@ -44,3 +44,23 @@ def test_runs_the_chosen_weight_path(result):
     assert (wp["name"], wp["scheme"], wp["group"]) == (expect.name, expect.scheme, expect.group)
     assert wp["reasons"] == expect.reasons
     assert result["model"].endswith(f"smollm2-135m-{expect.scheme}-g{expect.group}")
+
+
+def test_one_sequence_and_the_models_own_template(result):
+    """The template is given to vLLM (so it loads no AutoProcessor to look for one) and renders
+    the prompt exactly as the tokenizer's own template does."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from vllm_edge.serving.run import DEFAULT_SYSTEM
+
+    args = result["engine"]["engine_args"]
+    assert args["max_num_seqs"] == 1
+    tok = AutoTokenizer.from_pretrained(result["model"])
+    assert args["chat_template"] == tok.chat_template and (Path(result["model"]) / "config.json").exists()
+    ids = tok.apply_chat_template([{"role": "system", "content": DEFAULT_SYSTEM},
+                                   {"role": "user", "content": result["prompt"]}],
+                                  add_generation_prompt=True, tokenize=True)
+    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    assert result["prompt_tokens"] == len(ids)

@@ -139,8 +139,10 @@ def _tg_key(metrics: dict) -> str | None:
 
 
 def _fidelity_for(model_name: str, fid: list[Artifact]) -> Artifact | None:
-    """The latest fidelity artifact of this checkpoint (by provenance timestamp)."""
-    match = [a for a in fid if _model_name(a) == model_name]
+    """The latest fidelity artifact of this checkpoint scored against vLLM's bf16 (by
+    provenance timestamp); one scored against llama.cpp's reference answers another question."""
+    match = [a for a in fid if _model_name(a) == model_name
+             and "llama.cpp" not in str(a.data.get("reference_build") or "")]
     return max(match, key=lambda a: str((a.data.get("provenance") or {}).get("timestamp") or "")) if match else None
 
 

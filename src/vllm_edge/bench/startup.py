@@ -145,6 +145,7 @@ def run(model: str = "default", *, passes: int = 5, arms: dict[str, dict[str, st
                 bar.set_postfix_str(f"{a} ready {p['result']['ready_s']:.1f}s")
                 bar.update(1)
     result = {
+        "benchmark": "startup",
         "what": "warm `vllm-edge run --keep-alive 0 --prompt` (in-process engine), phases from "
                 "process start to first token; medians over passes after one unmeasured run per "
                 "arm, arms rotated each pass",

@@ -24,13 +24,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_edge.bench import agent_report
+    from vllm_edge.bench import guide_tables
 
     with reported(RuntimeError, ValueError):
         out = results_report.report(args.results, args.doc, args.plots_dir)
         readme = results_report.default_readme(args.results)
         # a repository's own results also own the generated tables in its guides
-        out["guides"] = agent_report.splice_guides(args.results, readme.parent) if readme else []
+        out["guides"] = guide_tables.splice_guides(args.results, readme.parent) if readme else []
     print(f"wrote {out['doc']} from {out['artifacts']} artifact record(s); plots: "
           + (", ".join(out["plots"]) or "none"))
     for g in out["guides"]:

@@ -29,7 +29,11 @@ class EdgeEngine:
 
     def explain(self) -> list[str]:
         """One line per choice, ``key=value: why``."""
-        return [f"{key}={self.kwargs.get(key, self.env.get(key))}: {why}"
+        def shown(v: Any) -> str:
+            text = str(v)
+            return text if len(text) <= 80 else f"<{len(text)} chars>"  # e.g. a chat template
+
+        return [f"{key}={shown(self.kwargs.get(key, self.env.get(key)))}: {why}"
                 for key, why in self.reasons.items()]
 
     def apply_env(self) -> None:

@@ -68,9 +68,19 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
     with quiet as term, TreeSampler() as sampler:
         status(term, log, f"loading {Path(path).name}…")
         edge = edge_engine(path, max_model_len=max_model_len, enforce_eager=enforce_eager,
-                           one_process=one_process)
+                           one_process=one_process, max_num_seqs=1)
+        edge.reasons["max_num_seqs"] = ("1: `run` answers one conversation, so the KV cache is "
+                                        "priced for one sequence at full length")
+        template = None
         if img_mod.model_accepts_images(path):
             edge.kwargs["limit_mm_per_prompt"] = {"image": limits.max_images}
+        else:
+            template = text_template(Path(path))
+        if template:
+            edge.kwargs["chat_template"] = template
+            edge.reasons["chat_template"] = (
+                "the model's own template, given: else vLLM loads the tokenizer a second time "
+                "(as an AutoProcessor) to look for a processor's template a text model lacks")
         edge.apply_env()
         if not as_json:
             if log:  # the choices are kept in the log
@@ -100,7 +110,7 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
             messages.insert(0, {"role": "system", "content": system})
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
         t1 = time.time()
-        out = llm.chat(messages, params, use_tqdm=False)[0]
+        out = llm.chat(messages, params, use_tqdm=False, chat_template=template)[0]
         gen_s = time.time() - t1
         metrics = llm.get_metrics()
         answer = out.outputs[0].text
@@ -135,6 +145,17 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
     result["peak_tree_rss_anon_mb"] = round(sampler.peak_mb, 1)
     result["peak_processes"] = sampler.peak_procs
     return result
+
+
+def text_template(model_path: Path) -> str | None:
+    """The chat template a text model carries, when it is one template (not a named set)."""
+    from vllm_edge.serving.serve import own_template
+
+    try:
+        text = own_template(model_path)
+    except (OSError, ValueError):
+        return None  # vLLM resolves it, and names what is wrong
+    return text if text and not text.lstrip().startswith(("[", "{\"")) else None
 
 
 def status(term: TextIO, log: Path | None, text: str) -> None:

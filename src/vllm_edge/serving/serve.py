@@ -106,7 +106,7 @@ def choose_tools(key: str | None, model_path: Path, parser: str | None,
         return "hermes", chosen, why
     if parser:
         return parser, template, f"{parser}: given with --tool-call-parser"
-    text = Path(template).read_text() if template else _own_template(model_path)
+    text = Path(template).read_text() if template else own_template(model_path)
     if text and HERMES_MARKER in text:
         return "hermes", template, (f"hermes: the chat template writes calls as {HERMES_MARKER}"
                                     "{json}</tool_call>, the format vLLM's hermes parser reads")
@@ -114,7 +114,9 @@ def choose_tools(key: str | None, model_path: Path, parser: str | None,
                             "--tool-call-parser NAME (see docs/guide/serve.md)")
 
 
-def _own_template(model_path: Path) -> str | None:
+def own_template(model_path: Path) -> str | None:
+    """The chat template the model folder carries (``chat_template.jinja``, else
+    ``tokenizer_config.json``), as text."""
     jinja = model_path / "chat_template.jinja"
     if jinja.exists():
         return jinja.read_text()

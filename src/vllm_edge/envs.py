@@ -116,6 +116,14 @@ _declare(
     "only removes work.",
 )
 _declare(
+    "VLLM_EDGE_ISA_PROBE_CACHE", "bool", True,
+    "Remember Inductor's vector-ISA probe under VLLM_EDGE_HOME/isa_probe (keyed by CPU flags, "
+    "torch and the compiler) and, when every advertised ISA passed, skip re-testing them at "
+    "the next start (runtime/isa_probe.py).",
+    "benchmarks/results/startup/: the `vector ISA probe` phase of a warm start, with and "
+    "without the record.",
+)
+_declare(
     "VLLM_EDGE_TIMELINE", "path", None,
     "When set, every process appends its startup phases (interpreter, imports, config, "
     "tokenizer, weights, AOT load, KV allocation, warm-up, first token) to this JSONL file; "
@@ -255,6 +263,19 @@ _declare(
 )
 
 _declare(
+    "TORCHINDUCTOR_VEC_ISA_OK", "str", None,
+    "Inductor's own switch: 1 uses the CPU's advertised vector ISAs without testing them, 0 "
+    "none. Read only to leave it alone: when the user set it, the remembered ISA probe "
+    "(VLLM_EDGE_ISA_PROBE_CACHE) does nothing.",
+    "torch/_inductor/config.py (cpp.vec_isa_ok).", owner="torch",
+)
+_declare(
+    "CXX", "str", None,
+    "The C++ compiler Inductor builds with; part of the key of the remembered ISA probe, so "
+    "another compiler is probed again.",
+    "torch/_inductor/cpp_builder.py reads it to pick the compiler.", owner="toolchain",
+)
+_declare(
     "OMP_NUM_THREADS", "int", None,
     "OpenMP thread count, set (never read for a decision) before torch or vLLM is imported: "
     "`bench speed` sets it to the size of its core set; the edge mode of `run` to the number "
@@ -276,7 +297,9 @@ your shell. A test fails if `src/` reads a name that is not declared.
 """
 
 _DOC_SECTIONS = (("vllm-edge", "Our switches"), ("vllm", "Names owned by vLLM that we read or set"),
-                 ("openmp", "Names owned by OpenMP that we set"))
+                 ("openmp", "Names owned by OpenMP that we set"),
+                 ("torch", "Names owned by torch that we read"),
+                 ("toolchain", "Names owned by the build toolchain that we read"))
 
 
 def _doc_default(var: EnvVar) -> str:

@@ -16,6 +16,7 @@ from vllm_edge.common.registration import Registration
 _lock = threading.Lock()
 _registered_pid: int | None = None
 _registrations: list[Registration] = []
+_isa_probe: str | None = None
 
 
 def _setup_logging() -> None:
@@ -46,6 +47,13 @@ def register() -> None:
         from vllm_edge.common import timeline
 
         timeline.install()  # measurement only: nothing unless VLLM_EDGE_TIMELINE is set
+        from vllm_edge.runtime import isa_probe
+
+        global _isa_probe
+        try:
+            _isa_probe = isa_probe.apply()
+        except Exception as exc:  # a startup shortcut must never stop vLLM from starting
+            _isa_probe = f"error: {exc}"
 
         for reg in [*quant.register(), *kernels.register(), *attention.register()]:
             if reg not in _registrations:
@@ -93,6 +101,7 @@ def process_report() -> dict:
         "registrations": [r.name for r in _registrations],
         "registration_states": {r.name: r.state for r in _registrations},
         "ir_priority": _ir_priority(),
+        "isa_probe": _isa_probe,
     }
     try:  # proves "compiled nothing" vs "loaded the cached artifact"
         from dataclasses import asdict

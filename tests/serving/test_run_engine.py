@@ -25,6 +25,7 @@ def test_one_process_with_patches_applied(result):
     (worker,) = result["worker"]
     assert worker["pid"] == result["pid"]  # engine core and worker live in the run process
     assert set(worker["patches"].values()) == {"applied"}
+    assert worker["isa_probe"] in ("recorded", "remembered", "failed-isa"), worker["isa_probe"]
     assert result["engine"]["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
 
 
@@ -53,10 +54,10 @@ def test_one_sequence_and_the_models_own_template(result):
 
     from transformers import AutoTokenizer
 
-    from vllm_edge.serving.run import DEFAULT_SYSTEM
+    from vllm_edge.serving.run import DEFAULT_SYSTEM, RUN_BATCH_TOKENS
 
     args = result["engine"]["engine_args"]
-    assert args["max_num_seqs"] == 1
+    assert args["max_num_seqs"] == 1 and args["max_num_batched_tokens"] == RUN_BATCH_TOKENS
     tok = AutoTokenizer.from_pretrained(result["model"])
     assert args["chat_template"] == tok.chat_template and (Path(result["model"]) / "config.json").exists()
     ids = tok.apply_chat_template([{"role": "system", "content": DEFAULT_SYSTEM},

@@ -32,7 +32,7 @@ PROMPT = "What is the capital of France?"
 ORDER = ("interpreter", "model resolution", "import torch", "import vllm", "LLM()",
          "engine config", "hf config read", "tokenizer load", "engine core", "device init",
          "model load", "model init", "weights read", "weights post-processing", "memory profile",
-         "compile warm-up run", "AOT artifact load", "KV allocation", "warm-up",
+         "compile warm-up run", "AOT artifact load", "C++ header precompile", "vector ISA probe", "KV allocation", "warm-up",
          "structured output init", "first token")
 
 

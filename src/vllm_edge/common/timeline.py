@@ -32,6 +32,10 @@ TARGETS = (
     ("memory profile", "vllm.v1.worker.cpu_worker:CPUWorker.determine_available_memory"),
     ("compile warm-up run", "vllm.v1.worker.cpu_model_runner:CPUModelRunner.warming_up_model"),
     ("AOT artifact load", "vllm.compilation.decorators:_try_load_aot_compiled_fn"),
+    # inside it, on a warm start: Inductor preprocesses its C++ prefix header to check its
+    # precompiled-header cache, and probes the CPU's vector ISAs in subprocesses
+    ("C++ header precompile", "torch._inductor.codecache:_precompile_header"),
+    ("vector ISA probe", "torch._inductor.cpu_vec_isa:valid_vec_isa_list"),
     ("KV allocation", "vllm.v1.worker.cpu_worker:CPUWorker.initialize_from_config"),
     ("warm-up", "vllm.v1.worker.cpu_worker:CPUWorker.compile_or_warm_up_model"),
     ("structured output init", "vllm.v1.structured_output:StructuredOutputManager.__init__"),

@@ -46,11 +46,14 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
                 dtype: str = "bfloat16", enforce_eager: bool = False,
                 kv_cache_memory_bytes: int | None = None, one_process: bool = True,
                 enable_prefix_caching: bool = True, server: bool = False,
+                max_num_batched_tokens: int | None = None,
                 worker_extension: str = WORKER_EXTENSION) -> EdgeEngine:
     """``server``: the arguments are for vLLM's API server (`serve`), whose AsyncLLM always
     runs the engine core in a process of its own; ``one_process`` then keeps the worker
     inside that engine-core process. ``worker_extension`` is the class vLLM mixes into the
-    worker (benchmarks pass one with their measurement calls)."""
+    worker (benchmarks pass one with their measurement calls). ``max_num_batched_tokens``:
+    the most tokens one step runs (longer prompts prefill in chunks); it also sizes the
+    dummy forward vLLM runs at start (vLLM's CPU default for ``LLM`` is 4096)."""
     model_path = Path(model_path)
     config = json.loads((model_path / "config.json").read_text())
     reasons: dict[str, str] = {}
@@ -85,6 +88,11 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
                                "for all of them at full length")
     reasons["enforce_eager"] = "requested" if enforce_eager else "compiled graph (cached by the AOT fix)"
     kwargs["enable_prefix_caching"] = enable_prefix_caching
+    if max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = max_num_batched_tokens
+        reasons["max_num_batched_tokens"] = (
+            f"{max_num_batched_tokens} tokens per step, longer prompts prefill in chunks: vLLM's "
+            "start-up dummy forward is this long, and on CPU its default of 4096 costs seconds")
     reasons["enable_prefix_caching"] = (
         "chat turns share their prefix" if enable_prefix_caching else "off, as for pp measurements")
 

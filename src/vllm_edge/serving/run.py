@@ -22,6 +22,9 @@ from vllm_edge.serving import engine_log
 
 DEFAULT_PROMPT = "What is the capital of France?"
 DEFAULT_SYSTEM = "You are a helpful assistant."
+# Tokens per engine step in this process: sizes vLLM's start-up dummy forward (the largest
+# phase of a warm start at vLLM's 4096, benchmarks/results/startup/); longer prompts chunk.
+RUN_BATCH_TOKENS = 512
 
 
 def _histogram(metrics: list, name: str) -> tuple[int, float]:
@@ -68,7 +71,8 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
     with quiet as term, TreeSampler() as sampler:
         status(term, log, f"loading {Path(path).name}…")
         edge = edge_engine(path, max_model_len=max_model_len, enforce_eager=enforce_eager,
-                           one_process=one_process, max_num_seqs=1)
+                           one_process=one_process, max_num_seqs=1,
+                           max_num_batched_tokens=RUN_BATCH_TOKENS)
         edge.reasons["max_num_seqs"] = ("1: `run` answers one conversation, so the KV cache is "
                                         "priced for one sequence at full length")
         template = None

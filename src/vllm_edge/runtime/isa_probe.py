@@ -1,0 +1,104 @@
+"""Inductor's vector-ISA probe, remembered across starts.
+
+Every process that runs a compiled graph asks Inductor which vector ISAs (AMX, AVX512-VNNI,
+AVX512, AVX2 ...) it may use. Inductor answers by dry-compiling a test program per ISA the
+CPU advertises and ``dlopen``-ing each result in a fresh subprocess, once per process: about
+a second of every warm start here (``vector ISA probe`` in benchmarks/results/startup/).
+
+The answer only changes with the CPU, torch and the compiler. So the first process probes as
+Inductor does and records the outcome under ``$VLLM_EDGE_HOME/isa_probe/``, keyed by those
+three; when every advertised ISA passed, that process and every later one set Inductor's own
+switch for that answer (``config.cpp.vec_isa_ok = True``: use the advertised ISAs without
+re-testing them), which yields the same list. The switch is part of Inductor's compile-cache
+key, so a cache compiled without it is compiled once more. A record with any failure changes
+nothing, and neither does a ``TORCHINDUCTOR_VEC_ISA_OK`` the user set. The AMX and
+AVX512-BF16 checks Inductor runs on top of the base probe still run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+from pathlib import Path
+from typing import Any
+
+PROBE_VERSION = 1
+
+
+def _key() -> tuple[str, dict[str, Any]]:
+    import torch
+    from torch._inductor import cpu_vec_isa
+
+    from vllm_edge import envs
+
+    cxx = shutil.which(envs.get("CXX") or "g++") or shutil.which("c++") or ""
+    try:
+        cxx_stat = os.stat(os.path.realpath(cxx)) if cxx else None
+    except OSError:
+        cxx_stat = None
+    what = {"version": PROBE_VERSION, "torch": torch.__version__, "machine": platform.machine(),
+            "cpu_isa": sorted(cpu_vec_isa.x86_isa_checker()) if platform.machine() in ("x86_64", "AMD64") else [],
+            "compiler": [os.path.realpath(cxx) if cxx else None,
+                         cxx_stat.st_size if cxx_stat else None, cxx_stat.st_mtime_ns if cxx_stat else None]}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16], what
+
+
+def record_path(key: str) -> Path:
+    from vllm_edge import envs
+
+    return envs.home() / "isa_probe" / f"{key}.json"
+
+
+def _advertised() -> list[str]:
+    """The ISAs Inductor would test on this CPU (those whose flags the CPU reports)."""
+    from torch._inductor import cpu_vec_isa
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return []
+    flags = cpu_vec_isa.x86_isa_checker()
+    return [str(isa) for isa in cpu_vec_isa.supported_vec_isa_list
+            if type(isa).__name__.startswith("VecA") and all(f in flags for f in str(isa).split())]
+
+
+def apply() -> str:
+    """Use a remembered probe, or probe now and remember it. Returns what happened:
+    ``remembered``, ``recorded``, ``failed-isa`` (probed, some ISA failed: nothing changes),
+    ``unrecorded`` (the home is not writable), ``user-set``, ``off`` or ``not-x86``."""
+    from vllm_edge import envs
+
+    if not envs.get("VLLM_EDGE_ISA_PROBE_CACHE"):
+        return "off"
+    if envs.get("TORCHINDUCTOR_VEC_ISA_OK") is not None:
+        return "user-set"
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return "not-x86"
+    from torch._inductor import config, cpu_vec_isa
+
+    key, what = _key()
+    path = record_path(key)
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        rec = None
+    if isinstance(rec, dict) and rec.get("all_passed") and rec.get("what") == what:
+        config.cpp.vec_isa_ok = True
+        return "remembered"
+    advertised = _advertised()
+    passed = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]  # Inductor's own probe
+    ok = bool(advertised) and sorted(passed) == sorted(advertised)
+    from vllm_edge.common import atomic
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic.write_json(path, {"what": what, "advertised": advertised, "passed": passed,
+                                 "all_passed": ok})
+    except OSError:
+        return "unrecorded"  # a read-only home probes every start, as Inductor does
+    if ok:
+        # the switch is part of Inductor's compile-cache key: set it in the recording process
+        # too, so this start and the next ones share one compiled artifact
+        config.cpp.vec_isa_ok = True
+    return "recorded" if ok else "failed-isa"

@@ -206,7 +206,10 @@ def prepare(model: str = "default", synthetic_1b: bool = False, progress: bool =
         if "vllm-cpu_int4" in paths:
             store.prepare_quantized(model, "cpu_int4", DEFAULT_GROUP, progress=progress)
     bf16_gguf = every["llamacpp-BF16"]
-    if any(k.startswith("llamacpp-") for k in paths) and not bf16_gguf.exists():
+    # the file arm alone needs the BF16 export only as the fidelity reference (a full run)
+    need_bf16 = any(k.startswith("llamacpp-") and k != FILE_ARM for k in paths) or \
+        (FILE_ARM in paths and arms is None)
+    if need_bf16 and not bf16_gguf.exists():
         export_gguf(every["vllm-bf16"], bf16_gguf, progress=progress)
     for q in GGUF_QUANTS:
         if f"llamacpp-{q}" in paths and not paths[f"llamacpp-{q}"].exists():

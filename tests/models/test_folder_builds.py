@@ -211,7 +211,7 @@ def test_a_gptq_folder_is_repacked_once_not_quantized_again(home, gptq_export, m
     path, wpath = weight_path.model_for_engine(str(gptq_export))
     assert path.parent == home / "models" / "hf" and path.name.endswith("-cpu_int4-gptq")
     assert (wpath.name, wpath.group) == ("cpu_int4", 64)
-    assert any("GPTQ folder" in r and "repacked" in r for r in wpath.reasons)
+    assert any("GPTQ or AWQ folder" in r and "repacked" in r for r in wpath.reasons)
     report = json.loads((path / REPORT_NAME).read_text())
     assert report["group_size"] == 64 and report["repacked"] > 0 and report["max_error_over_bound"] <= 1
     assert json.loads((path / "config.json").read_text())["quantization_config"]["quant_method"] == "cpu_int4"

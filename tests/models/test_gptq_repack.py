@@ -181,7 +181,7 @@ def test_unsupported_group_is_refused(g64, tmp_path):
 
 
 def test_a_bf16_model_is_refused(bf16, tmp_path):
-    with pytest.raises(GptqSourceError, match="not a GPTQ checkpoint"):
+    with pytest.raises(GptqSourceError, match="not a GPTQ or AWQ checkpoint"):
         repack_gptq(bf16, tmp_path / "a", progress=False)
 
 
@@ -207,3 +207,74 @@ def test_cli(g64, tmp_path):
     r = run_cli("models", "repack-gptq", str(tmp_path / "nope"), str(tmp_path / "rp2"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "error:" in r.stderr and "not a model directory" in r.stderr
+
+
+def _as_awq(src, tmp_path, stored_zeros=None):
+    """The GPTQ v1 export ``src`` rewritten as an AutoAWQ GEMM checkpoint of the same weights,
+    with vLLM's own pack helpers and the interleave vLLM's CPU path applies to AWQ words.
+    ``stored_zeros``: replace the GPTQ zero nibbles first (the GPTQ source gets them too)."""
+    from vllm.model_executor.layers.quantization.utils.quant_utils import (
+        pack_quantized_values_into_int32 as vpack,
+    )
+    from vllm.model_executor.layers.quantization.utils.quant_utils import (
+        unpack_quantized_values_into_int32 as vunpack,
+    )
+    from vllm.scalar_type import scalar_types
+
+    u4, order = scalar_types.uint4, [0, 2, 4, 6, 1, 3, 5, 7]
+    gptq = _rewrite(src, tmp_path / "gptq", stored_zeros,
+                    edit_qc=(lambda q: q.update(sym=False)) if stored_zeros else None)
+
+    def awq(t):
+        for name in [n for n in t if n.endswith(".qweight")]:
+            base = name[: -len(".qweight")]
+            q = vunpack(t[name], u4, 0)  # GPTQ: [K/8, N] -> [K, N]
+            k, n = q.shape
+            t[name] = vpack(q.view(k, n // 8, 8)[:, :, order].reshape(k, n), u4, 1).contiguous()
+            z = vunpack(t[f"{base}.qzeros"], u4, 1) + 1  # v1 stores zero - 1
+            groups = z.shape[0]
+            t[f"{base}.qzeros"] = vpack(z.view(groups, n // 8, 8)[:, :, order].reshape(groups, n),
+                                        u4, 1).contiguous()
+            t.pop(f"{base}.g_idx", None)
+
+    def config(q):
+        group = q["group_size"]
+        q.clear()
+        q.update(quant_method="awq", bits=4, group_size=group, zero_point=True, version="gemm")
+
+    return gptq, _rewrite(gptq, tmp_path / "awq", awq, edit_qc=config)
+
+
+@pytest.mark.parametrize("asym", [False, True], ids=["sym-zeros", "asym-zeros"])
+def test_an_awq_checkpoint_repacks_to_the_same_build_as_its_gptq_twin(g64, tmp_path, asym):
+    gen = torch.Generator().manual_seed(1)
+
+    def zeros(t):  # 0..14 stored, so the AWQ twin's zero (stored + 1) still fits a nibble
+        for name in [n for n in t if n.endswith(".qzeros")]:
+            nib = torch.randint(0, 15, (*t[name].shape, 8), generator=gen, dtype=torch.int64)
+            word = (nib << torch.arange(0, 32, 4)).sum(-1)  # 0 .. 2^32 - 1
+            t[name] = ((word + 2 ** 31) % 2 ** 32 - 2 ** 31).to(torch.int32)
+
+    gptq, awq = _as_awq(g64, tmp_path, zeros if asym else None)
+    a = repack_gptq(gptq, tmp_path / "from-gptq", progress=False)
+    b = repack_gptq(awq, tmp_path / "from-awq", progress=False)
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), name
+    rb = json.loads((b / REPORT_NAME).read_text())
+    assert rb["gptq"]["checkpoint_format"] == "awq" and rb["repacked"] > 0 and rb["max_error_over_bound"] <= 1
+    assert manifest.read(b)["checkpoint_format"] == "awq"
+    if asym:  # the zeros were really moved off 8, so the offsets carry them
+        assert any(n.endswith(".weight_zero") and wb[n].abs().sum() > 0 for n in wb)
+
+
+def test_awq_refusals(g64, tmp_path):
+    _, awq = _as_awq(g64, tmp_path)
+    for i, (edit, match) in enumerate([
+            (lambda q: q.update(version="gemv"), "version='gemv'; only AWQ's GEMM packing"),
+            (lambda q: q.update(zero_point=False), "zero_point=False"),
+            (lambda q: q.update(bits=8), "bits=8")]):
+        with pytest.raises(GptqSourceError, match=match):
+            repack_gptq(_rewrite(awq, tmp_path / f"bad{i}", edit_qc=edit), tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

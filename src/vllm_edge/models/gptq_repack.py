@@ -1,4 +1,5 @@
-"""A GPTQ checkpoint directory -> a ``cpu_int4`` checkpoint, with the 4-bit codes kept.
+"""A GPTQ (or AutoAWQ GEMM) checkpoint directory -> a ``cpu_int4`` checkpoint, with the 4-bit
+codes kept.
 
 Every quantized linear (``<m>.qweight``, ``qzeros``, ``scales``, ``g_idx``) is repacked by
 :mod:`vllm_edge.quant.gptq_repack` at the GPTQ group size (or split into the largest cpu_int4
@@ -67,9 +68,12 @@ def read_gptq_config(src: Path) -> tuple[dict, dict]:
         except (OSError, ValueError) as exc:
             raise GptqSourceError(f"{src / 'quantize_config.json'}: not valid JSON ({exc})") from None
         qc = {"quant_method": "gptq", **qc} if isinstance(qc, dict) else qc
-    if not isinstance(qc, dict) or str(qc.get("quant_method", "")).lower() != "gptq":
-        method = qc.get("quant_method") if isinstance(qc, dict) else qc
-        raise GptqSourceError(f"{path}: not a GPTQ checkpoint (quantization method {method!r}); "
+    method = str(qc.get("quant_method", "")).lower() if isinstance(qc, dict) else None
+    if method == "awq":
+        return config, _awq_settings(qc, where)
+    if method != "gptq":
+        raise GptqSourceError(f"{path}: not a GPTQ or AWQ checkpoint (quantization method "
+                              f"{qc.get('quant_method') if isinstance(qc, dict) else qc!r}); "
                               "a bf16 model is quantized with `vllm-edge quantize`")
     if qc.get("bits") != 4:
         raise GptqSourceError(f"{where} bits={qc.get('bits')!r}; cpu_int4 holds 4-bit codes only")
@@ -79,12 +83,30 @@ def read_gptq_config(src: Path) -> tuple[dict, dict]:
     from vllm_edge.quant.gptq_repack import FORMATS
 
     fmt = qc.get("checkpoint_format", "gptq")
-    if fmt not in FORMATS:
-        raise GptqSourceError(f"{where} checkpoint_format={fmt!r}; repackable: {', '.join(FORMATS)}")
+    if fmt not in FORMATS or fmt == "awq":
+        raise GptqSourceError(f"{where} checkpoint_format={fmt!r}; repackable: gptq, gptq_v2 "
+                              "(an AWQ checkpoint says quant_method awq)")
     if not isinstance(qc.get("sym", True), bool):
         raise GptqSourceError(f"{where} sym={qc.get('sym')!r}; expected true or false")
     return config, {"group_size": qc.get("group_size"), "sym": qc.get("sym", True),
                     "checkpoint_format": fmt, "desc_act": bool(qc.get("desc_act", False))}
+
+
+def _awq_settings(qc: dict, where: str) -> dict:
+    """AutoAWQ's GEMM checkpoints (``version: gemm``, with zero points): the same settings as a
+    GPTQ one, with ``checkpoint_format`` ``awq``."""
+    bits = qc.get("bits", qc.get("w_bit"))
+    if bits != 4:
+        raise GptqSourceError(f"{where} bits={bits!r}; cpu_int4 holds 4-bit codes only")
+    version = str(qc.get("version", "gemm")).lower()
+    if version != "gemm":
+        raise GptqSourceError(f"{where} version={version!r}; only AWQ's GEMM packing is repacked "
+                              "(GEMV and Marlin exports pack their words differently)")
+    if qc.get("zero_point", True) is not True:
+        raise GptqSourceError(f"{where} zero_point={qc.get('zero_point')!r}; AWQ without zero "
+                              "points is not repacked")
+    group = qc.get("group_size", qc.get("q_group_size"))
+    return {"group_size": group, "sym": False, "checkpoint_format": "awq", "desc_act": False}
 
 
 def _fused_siblings(base: str) -> list[str]:
@@ -134,7 +156,7 @@ def repack_gptq(src: str | os.PathLike, out: str | os.PathLike, *, force: bool =
             raise GptqSourceError(f"{src}: {base} is GPTQ-quantized but its fused sibling {odd[0]} is "
                                   "not; vLLM loads them into one layer with one method")
     # the model's one cpu_int4 group: per-channel takes the largest dividing every K
-    ks = [_shape(refs[f"{m}.qweight"])[0] * gptq_repack.PACK for m in modules]
+    ks = [gptq_repack.in_features(_shape(refs[f"{m}.qweight"]), gq["checkpoint_format"]) for m in modules]
     try:
         target = gptq_repack.target_group(gq["group_size"], ks, str(src))
     except gptq_repack.GptqRepackError as exc:

@@ -202,9 +202,10 @@ def _declares_quantization(path: Path) -> bool:
 
 
 def is_gptq_folder(path: str | Path) -> bool:
-    """A GPTQ checkpoint folder: its 4-bit codes are repacked into cpu_int4, not requantized."""
+    """A GPTQ or AWQ checkpoint folder: its 4-bit codes are repacked into cpu_int4, not
+    requantized."""
     p = Path(path).expanduser()
-    return p.is_dir() and not is_edge_build(p) and _quant_method(p) == "gptq"
+    return p.is_dir() and not is_edge_build(p) and _quant_method(p) in ("gptq", "awq")
 
 
 def _folder_files(src: Path) -> list[Path]:

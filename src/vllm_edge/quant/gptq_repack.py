@@ -35,6 +35,12 @@ rounded once, to nearest, to bf16, cpu_int4's storage dtype: the only loss. With
 GPTQ's own value is exact in fp32 and ours rounds once in fp32 (``(q-8) * s`` is exact, the
 add rounds), so ``|ours - gptq| <= EPS * M`` with the same ``EPS`` as :mod:`.repack`.
 A scale that is already a bf16 value (what our exporter writes) is carried exactly.
+
+AWQ (``checkpoint_format`` ``awq``: AutoAWQ's GEMM packing, ``quant_method: awq``) holds the
+same quantity, ``w = scale * (q - zero)`` with the zero stored as is, packed the other way:
+``qweight`` int32 ``[K, N/8]`` and ``qzeros`` ``[K/g, N/8]`` along the outputs, with nibble ``j``
+of a word holding output ``8i + AWQ_ORDER[j]`` (the interleave vLLM's CPU path undoes the
+same way); ``scales`` ``[K/g, N]``. It has no ``g_idx``. Once unpacked it takes the route above.
 """
 
 from __future__ import annotations
@@ -46,13 +52,15 @@ from vllm_edge.quant import repack
 from vllm_edge.quant.groups import GROUPS
 from vllm_edge.quant.repack import EPS, Repacked, bound, dequantize
 
-__all__ = ["EPS", "FORMATS", "GptqRepackError", "Repacked", "bound", "check", "decode", "dequantize",
-           "dequantize_gptq", "target_group"]
+__all__ = ["AWQ_ORDER", "EPS", "FORMATS", "GptqRepackError", "Repacked", "bound", "check", "decode",
+           "dequantize", "dequantize_gptq", "in_features", "target_group"]
 
 PACK = 8  # 4-bit values per int32 word
 SYM_ZERO = 8
 # checkpoint_format -> what is added to a stored zero nibble to get the zero
-FORMATS = {"gptq": 1, "gptq_v2": 0}
+FORMATS = {"gptq": 1, "gptq_v2": 0, "awq": 0}
+# AWQ's interleave: nibble j of a word holds output AWQ_ORDER[j] of its 8
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
 
 class GptqRepackError(EdgeError):
@@ -108,17 +116,43 @@ def _check_g_idx(g_idx: torch.Tensor | None, k: int, group: int, name: str) -> N
             "columns, so a checkpoint quantized with desc_act cannot be repacked exactly")
 
 
+def in_features(qweight_shape: tuple[int, ...] | list[int], checkpoint_format: str) -> int:
+    """K of a packed ``qweight``: packed along K in GPTQ, along N in AWQ."""
+    return qweight_shape[0] if checkpoint_format == "awq" else qweight_shape[0] * PACK
+
+
+def _awq_natural(words: torch.Tensor) -> torch.Tensor:
+    """AWQ-packed int32 [R, C] -> int64 [R, 8C] in output order."""
+    nib = _nibbles(words)  # [R, C, 8], nibble j = output AWQ_ORDER[j]
+    out = torch.empty_like(nib)
+    out[..., list(AWQ_ORDER)] = nib
+    return out.reshape(words.shape[0], -1)
+
+
+def _unpack(t: dict[str, torch.Tensor], checkpoint_format: str, n_zero_cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes [N, K] int64, stored zeros [groups, N] int64 with the format's offset added)."""
+    qweight, qzeros = t["qweight"], t["qzeros"]
+    if checkpoint_format == "awq":
+        return _awq_natural(qweight).t(), _awq_natural(qzeros)[:, :n_zero_cols]
+    n, k = qweight.shape[1], qweight.shape[0] * PACK
+    codes = _nibbles(qweight).permute(1, 0, 2).reshape(n, k)  # word i, nibble j -> column 8i + j
+    zeros = _nibbles(qzeros).reshape(qzeros.shape[0], -1)[:, :n_zero_cols] + FORMATS[checkpoint_format]
+    return codes, zeros
+
+
 def decode(t: dict[str, torch.Tensor], *, group: int, sym: bool, checkpoint_format: str = "gptq",
            target: int | None = None, name: str = "?") -> Repacked:
-    """GPTQ tensors of one linear (keys ``qweight``, ``qzeros``, ``scales``, optional ``g_idx``)
-    -> :class:`Repacked` at cpu_int4 group ``target`` (default: :func:`target_group`)."""
+    """GPTQ (or AWQ) tensors of one linear (keys ``qweight``, ``qzeros``, ``scales``, optional
+    ``g_idx``) -> :class:`Repacked` at cpu_int4 group ``target`` (default: :func:`target_group`)."""
     if checkpoint_format not in FORMATS:
         raise GptqRepackError(f"tensor {name}: checkpoint_format {checkpoint_format!r} is not "
                               f"known; repackable: {', '.join(FORMATS)}")
     qweight = _int32_2d(t.get("qweight"), "qweight", name)
     qzeros = _int32_2d(t.get("qzeros"), "qzeros", name)
     scales = t.get("scales")
-    k, n = qweight.shape[0] * PACK, qweight.shape[1]
+    awq = checkpoint_format == "awq"
+    k = in_features(qweight.shape, checkpoint_format)
+    n = qweight.shape[1] * PACK if awq else qweight.shape[1]
     g = k if group == -1 else group
     target = target_group(group, [k], f"tensor {name}") if target is None else target
     if g <= 0 or k % g or g % target:
@@ -128,6 +162,8 @@ def decode(t: dict[str, torch.Tensor], *, group: int, sym: bool, checkpoint_form
     if scales is None or not scales.is_floating_point() or list(scales.shape) != [n_groups, n]:
         got = "missing" if scales is None else f"{scales.dtype} {list(scales.shape)}"
         raise GptqRepackError(f"tensor {name}: scales must be float [{n_groups}, {n}], got {got}")
+    if awq and t.get("g_idx") is not None:
+        raise GptqRepackError(f"tensor {name}: an AWQ checkpoint has no g_idx")
     if list(qzeros.shape) != [n_groups, -(-n // PACK)]:
         raise GptqRepackError(f"tensor {name}: qzeros has shape {list(qzeros.shape)}, expected "
                               f"[{n_groups}, {-(-n // PACK)}]")
@@ -136,8 +172,7 @@ def decode(t: dict[str, torch.Tensor], *, group: int, sym: bool, checkpoint_form
     if not torch.isfinite(scale).all():
         c, o = (~torch.isfinite(scale)).nonzero()[0].tolist()
         raise GptqRepackError(f"tensor {name}: scale of group {c}, output {o} is not finite")
-    codes = _nibbles(qweight).permute(1, 0, 2).reshape(n, k)  # word i, nibble j -> column 8i + j
-    zeros = _nibbles(qzeros).reshape(n_groups, -1)[:, :n] + FORMATS[checkpoint_format]
+    codes, zeros = _unpack({"qweight": qweight, "qzeros": qzeros}, checkpoint_format, n)
     if sym and not (zeros == SYM_ZERO).all():
         c, o = (zeros != SYM_ZERO).nonzero()[0].tolist()
         raise GptqRepackError(
@@ -153,14 +188,13 @@ def decode(t: dict[str, torch.Tensor], *, group: int, sym: bool, checkpoint_form
 
 def dequantize_gptq(t: dict[str, torch.Tensor], *, group: int,
                     checkpoint_format: str = "gptq") -> torch.Tensor:
-    """GPTQ's own value ``scale * (q - zero)`` per weight, float64 [N, K], gathered through
-    ``g_idx`` (or ``k // group`` without one): the reference a repack is checked against."""
-    qweight, qzeros, scales = t["qweight"], t["qzeros"], t["scales"]
-    k, n = qweight.shape[0] * PACK, qweight.shape[1]
+    """GPTQ's (or AWQ's) own value ``scale * (q - zero)`` per weight, float64 [N, K], gathered
+    through ``g_idx`` (or ``k // group`` without one): the reference a repack is checked against."""
+    scales = t["scales"]
+    k, n = in_features(t["qweight"].shape, checkpoint_format), scales.shape[1]
     g = k if group == -1 else group
-    q = _nibbles(qweight).permute(0, 2, 1).reshape(k, n).to(torch.float64)  # [K, N]
-    zeros = (_nibbles(qzeros).reshape(qzeros.shape[0], -1)[:, :n]
-             + FORMATS[checkpoint_format]).to(torch.float64)
+    codes, zeros = _unpack(t, checkpoint_format, n)
+    q, zeros = codes.t().to(torch.float64), zeros.to(torch.float64)  # [K, N], [groups, N]
     g_idx = t.get("g_idx")
     col_group = g_idx.to(torch.int64) if g_idx is not None else torch.arange(k) // g
     return (scales.to(torch.float64)[col_group] * (q - zeros[col_group])).t().contiguous()

@@ -197,7 +197,7 @@ def _model_for_engine(model: str, priority: str, dtype: str) -> tuple[Any, Weigh
         wpath = for_run(hw.profile(), priority, dtype)
         if wpath.scheme in (None, "gptq"):  # as stored, or vLLM's own GPTQ path on this CPU
             return path, stored
-        wpath.reasons.append("a GPTQ folder: its 4-bit codes are repacked into cpu_int4 at its own "
+        wpath.reasons.append("a GPTQ or AWQ folder: its 4-bit codes are repacked into cpu_int4 at its own "
                              "group size (docs/guide/quantize.md), not quantized again; built once, "
                              "cached under VLLM_EDGE_HOME/models/hf by its content")
         built = store.ensure_folder(str(path), "cpu_int4")

@@ -6,12 +6,12 @@ import argparse
 import json
 
 NAME = "repack-gptq"
-HELP = "repack a 4-bit GPTQ checkpoint into cpu_int4, keeping its codes"
+HELP = "repack a 4-bit GPTQ (or AutoAWQ GEMM) checkpoint into cpu_int4, keeping its codes"
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="GPTQ model directory (4-bit, desc_act false; e.g. from "
-                               "`vllm-edge quantize --quant gptq`)")
+                               "`vllm-edge quantize --quant gptq`) or AutoAWQ GEMM directory")
     p.add_argument("dst", help="output directory (written atomically)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--force", action="store_true",

@@ -15,7 +15,6 @@ the timeline a memory ledger of the start too.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import subprocess
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_edge.common import timeline
+from vllm_edge.common.jsonline import last_json_line
 
 PROMPT = "What is the capital of France?"
 # The phases of one pass in the order they start; others (a new target) follow by time.
@@ -51,12 +51,15 @@ def one_pass(model: str, *, max_tokens: int, run_flags: list[str], env: dict[str
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
                               env={**os.environ, **env, "VLLM_EDGE_TIMELINE": str(tl)})
         wall = time.time() - t0
-        lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-        if proc.returncode != 0 or not lines:
+        try:
+            if proc.returncode != 0:
+                raise ValueError
+            result = last_json_line(proc.stdout)
+        except ValueError:
             raise StartupError(f"`{' '.join(argv[2:])}` exited {proc.returncode}: "
-                               f"{(proc.stderr or proc.stdout)[-800:]}")
+                               f"{(proc.stderr or proc.stdout)[-800:]}") from None
         records = timeline.read(tl) if tl.exists() else []
-    return {"result": json.loads(lines[-1]), "records": records, "wall_s": round(wall, 3)}
+    return {"result": result, "records": records, "wall_s": round(wall, 3)}
 
 
 def phases(records: list[dict]) -> dict[str, dict[str, Any]]:
@@ -92,30 +95,32 @@ def _order(name: str) -> tuple[int, str]:
     return (ORDER.index(name) if name in ORDER else len(ORDER), name)
 
 
+def _median(vals: list) -> float | None:
+    """None when there is nothing to take a median of, or a pass lacks the value."""
+    return round(statistics.median(vals), 3) if vals and None not in vals else None
+
+
 def summarize(passes: list[dict]) -> dict[str, Any]:
     per = [phases(p["records"]) for p in passes]
     names = sorted({n for ph in per for n in ph}, key=_order)
     table = {}
     for n in names:
         rows = [ph[n] for ph in per if n in ph]
-        med = (lambda k: round(statistics.median(r[k] for r in rows), 3)
-               if all(r.get(k) is not None for r in rows) else None)
-        table[n] = {"seconds_median": med("seconds"), "seconds_min": min(r["seconds"] for r in rows),
-                    "seconds_max": max(r["seconds"] for r in rows), "offset_s_median": med("offset_s"),
-                    "calls": sorted({r["calls"] for r in rows}), "rss_anon_mb_median": med("rss_anon_mb"),
+        table[n] = {"seconds_median": _median([r["seconds"] for r in rows]),
+                    "seconds_min": min(r["seconds"] for r in rows),
+                    "seconds_max": max(r["seconds"] for r in rows),
+                    "offset_s_median": _median([r["offset_s"] for r in rows]),
+                    "calls": sorted({r["calls"] for r in rows}),
+                    "rss_anon_mb_median": _median([r["rss_anon_mb"] for r in rows]),
                     "passes": len(rows)}
     res = [p["result"] for p in passes]
-    first = [ph["first token"].get("from_start_s") for ph in per if "first token" in ph]
-
-    def med(vals: list) -> float | None:
-        vals = [v for v in vals if v is not None]
-        return round(statistics.median(vals), 3) if vals else None
+    first = [ph["first token"]["from_start_s"] for ph in per if "first token" in ph]
 
     return {
-        "ready_s_median": med([r["ready_s"] for r in res]),
-        "first_token_from_start_s_median": med(first),
-        "wall_s_median": med([p["wall_s"] for p in passes]),
-        "peak_tree_rss_anon_mb_median": med([r["peak_tree_rss_anon_mb"] for r in res]),
+        "ready_s_median": _median([r["ready_s"] for r in res]),
+        "first_token_from_start_s_median": _median(first),
+        "wall_s_median": _median([p["wall_s"] for p in passes]),
+        "peak_tree_rss_anon_mb_median": _median([r["peak_tree_rss_anon_mb"] for r in res]),
         "peak_processes": sorted({r["peak_processes"] for r in res}),
         "phases": table,
     }

@@ -49,24 +49,15 @@ def path() -> str | None:
     return envs.get("VLLM_EDGE_TIMELINE")
 
 
-def _rss_anon_kb() -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
 def record(name: str, start: float, end: float, file: str | None = None, **extra: Any) -> None:
     """Append one phase (one ``write`` of one line, so concurrent processes do not interleave)."""
     file = file or path()
     if not file:
         return
+    from vllm_edge.common.procmem import rss_anon_kb
+
     line = json.dumps({"name": name, "start": start, "end": end, "pid": os.getpid(),
-                       "rss_anon_kb": _rss_anon_kb(), **extra}) + "\n"
+                       "rss_anon_kb": rss_anon_kb(os.getpid()), **extra}) + "\n"
     fd = os.open(file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())

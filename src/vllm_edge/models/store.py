@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from vllm_edge import envs
 from vllm_edge.common import atomic, manifest
@@ -237,88 +238,79 @@ def folder_sha256(src: Path, progress: bool = False) -> str:
     return h.hexdigest()
 
 
+def _hf_dir(source_sha256: str, suffix: str) -> Path:
+    return envs.home() / "models" / "hf" / f"{source_sha256[:16]}-{suffix}"
+
+
 def folder_build_dir(source_sha256: str, scheme: str, group: int) -> Path:
-    return envs.home() / "models" / "hf" / f"{source_sha256[:16]}-{scheme}-g{group}"
+    return _hf_dir(source_sha256, f"{scheme}-g{group}")
 
 
-def _folder_want(scheme: str, group: int) -> dict:
-    from vllm_edge.quant.quantize import CONVERTER_VERSION
-
-    return {"converter": f"{CONVERTER_VERSION}+{FOLDER_CONVERTER}", "scheme": scheme, "group_size": group}
-
-
-GPTQ_SUFFIX = "cpu_int4-gptq"  # the group is the checkpoint's own, so it is not in the name
-
-
-def gptq_build_dir(source_sha256: str) -> Path:
-    return envs.home() / "models" / "hf" / f"{source_sha256[:16]}-{GPTQ_SUFFIX}"
+@dataclass(frozen=True)
+class _Route:
+    """How a folder becomes its build: the build's name suffix, the manifest fields that must
+    match, the source check run before any hashing, and the writer."""
+    suffix: str
+    want: dict
+    check: Any
+    write: Any  # (out, manifest, force, progress) -> Path
+    redo: str
 
 
-def _gptq_want() -> dict:
-    from vllm_edge.models.gptq_repack import CONVERTER_VERSION
+def _route(src: Path, scheme: str, group: int) -> _Route:
+    """A GPTQ or AWQ folder is repacked into cpu_int4 at its own group (so the group is not in
+    the name); any other folder is quantized at ``group``."""
+    if scheme == "cpu_int4" and is_gptq_folder(src):
+        from vllm_edge.models import gptq_repack
 
-    return {"converter": f"{CONVERTER_VERSION}+{FOLDER_CONVERTER}", "scheme": "cpu_int4"}
+        return _Route("cpu_int4-gptq",
+                      {"converter": f"{gptq_repack.CONVERTER_VERSION}+{FOLDER_CONVERTER}", "scheme": scheme},
+                      gptq_repack.read_gptq_config,
+                      lambda out, want, force, progress: gptq_repack.repack_gptq(
+                          src, out, force=force, progress=progress, manifest=want),
+                      "repacking again")
+    from vllm_edge.quant import quantize
 
-
-def _cached(src: Path, suffix: str, want: dict) -> Path | None:
-    base = envs.home() / "models" / "hf"
-    if not base.is_dir():
-        return None
-    fp = folder_fingerprint(src)
-    for d in sorted(base.glob(f"*-{suffix}")):
-        have = manifest.read(d)
-        if (have.get("source") == str(src) and have.get("source_files") == fp
-                and manifest.mismatch(d, want, ignore=("source", "source_sha256", "source_files")) is None):
-            return d
-    return None
+    return _Route(f"{scheme}-g{group}",
+                  {"converter": f"{quantize.CONVERTER_VERSION}+{FOLDER_CONVERTER}", "scheme": scheme,
+                   "group_size": group},
+                  quantize.read_source_config,  # an unsupported architecture, or already quantized
+                  lambda out, want, force, progress: quantize.quantize_model(
+                      src, out, scheme=scheme, group=group, progress=progress, manifest=want, force=force),
+                  "quantizing again")
 
 
 def cached_folder_build(src: Path, scheme: str, group: int) -> Path | None:
     """The complete build of this folder, as it is now, from the current converter, if one
-    is cached (found by the folder's path and fingerprint, so no hashing). A GPTQ folder's
-    build is its repack, whatever ``group``."""
-    if is_gptq_folder(src):
-        return _cached(src, GPTQ_SUFFIX, _gptq_want())
-    return _cached(src, f"{scheme}-g{group}", _folder_want(scheme, group))
-
-
-def prepare_gptq_folder(path: str | Path, *, force: bool = False, progress: bool = True) -> Path:
-    """Repack a GPTQ folder into cpu_int4 once (its codes kept, at its own group size);
-    cached by content like any folder build."""
-    from vllm_edge.models.gptq_repack import read_gptq_config, repack_gptq
-
-    src = Path(path).expanduser().resolve()
-    read_gptq_config(src)  # names what cannot be repacked before any hashing
-    if not force and (hit := _cached(src, GPTQ_SUFFIX, _gptq_want())) is not None:
-        return hit
-    sha = folder_sha256(src, progress)
-    out = gptq_build_dir(sha)
-    want = {"source": str(src), "source_sha256": sha, "source_files": folder_fingerprint(src),
-            **_gptq_want()}
-    return atomic.build_once(out, want, lambda: repack_gptq(
-        src, out, force=force, progress=progress, manifest=want),
-        force=force, ignore=("source", "source_files"), log=logger, redo="repacking again")
+    is cached (found by the folder's path and fingerprint, so no hashing)."""
+    route = _route(src, scheme, group)
+    base = envs.home() / "models" / "hf"
+    if not base.is_dir():
+        return None
+    fp = folder_fingerprint(src)
+    for d in sorted(base.glob(f"*-{route.suffix}")):
+        have = manifest.read(d)
+        if (have.get("source") == str(src) and have.get("source_files") == fp
+                and manifest.mismatch(d, route.want, ignore=("source", "source_sha256", "source_files")) is None):
+            return d
+    return None
 
 
 def prepare_folder(path: str | Path, scheme: str = "cpu_int4", group: int = DEFAULT_GROUP, *,
                    force: bool = False, progress: bool = True) -> Path:
-    """Quantize a model folder once; later calls return the cached build. Keyed by the
-    folder's content hash and the converter, so a copy of the folder elsewhere reuses it."""
-    from vllm_edge.quant.quantize import quantize_model, read_source_config
-
+    """Build a model folder once (a GPTQ or AWQ folder repacked, any other quantized); later
+    calls return the cached build. Keyed by the folder's content hash and the converter, so a
+    copy of the folder elsewhere reuses it."""
     src = Path(path).expanduser().resolve()
-    if scheme == "cpu_int4" and is_gptq_folder(src):
-        return prepare_gptq_folder(src, force=force, progress=progress)
-    read_source_config(src)  # names an unsupported architecture, or an already-quantized source
+    route = _route(src, scheme, group)
+    route.check(src)  # names what cannot be built, before any hashing
     if not force and (hit := cached_folder_build(src, scheme, group)) is not None:
         return hit
     sha = folder_sha256(src, progress)
-    out = folder_build_dir(sha, scheme, group)
-    want = {"source": str(src), "source_sha256": sha, "source_files": folder_fingerprint(src),
-            **_folder_want(scheme, group)}
-    return atomic.build_once(out, want, lambda: quantize_model(
-        src, out, scheme=scheme, group=group, progress=progress, manifest=want, force=force),
-        force=force, ignore=("source", "source_files"), log=logger, redo="quantizing again")
+    out = _hf_dir(sha, route.suffix)
+    want = {"source": str(src), "source_sha256": sha, "source_files": folder_fingerprint(src), **route.want}
+    return atomic.build_once(out, want, lambda: route.write(out, want, force, progress),
+                             force=force, ignore=("source", "source_files"), log=logger, redo=route.redo)
 
 
 def ensure_folder(name: str, scheme: str, group: int | None = None) -> Path:
@@ -332,10 +324,9 @@ def ensure_folder(name: str, scheme: str, group: int | None = None) -> Path:
     if hit is not None:
         return hit
     # the same content under another path or date: hashing here is cheaper than a child
-    sha = folder_sha256(src)
-    gptq = scheme == "cpu_int4" and is_gptq_folder(src)
-    out = gptq_build_dir(sha) if gptq else folder_build_dir(sha, scheme, group)
-    if manifest.mismatch(out, _gptq_want() if gptq else _folder_want(scheme, group)) is None:
+    route = _route(src, scheme, group)
+    out = _hf_dir(folder_sha256(src), route.suffix)
+    if manifest.mismatch(out, route.want) is None:
         return out
     try:
         _prepare_in_child([sys.executable, "-m", "vllm_edge.cli", "models", "prepare", str(src),

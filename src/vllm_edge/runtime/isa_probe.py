@@ -40,7 +40,7 @@ def _key() -> tuple[str, dict[str, Any]]:
     except OSError:
         cxx_stat = None
     what = {"version": PROBE_VERSION, "torch": torch.__version__, "machine": platform.machine(),
-            "cpu_isa": sorted(cpu_vec_isa.x86_isa_checker()) if platform.machine() in ("x86_64", "AMD64") else [],
+            "cpu_isa": sorted(cpu_vec_isa.x86_isa_checker()),
             "compiler": [os.path.realpath(cxx) if cxx else None,
                          cxx_stat.st_size if cxx_stat else None, cxx_stat.st_mtime_ns if cxx_stat else None]}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16], what
@@ -53,14 +53,13 @@ def record_path(key: str) -> Path:
 
 
 def _advertised() -> list[str]:
-    """The ISAs Inductor would test on this CPU (those whose flags the CPU reports)."""
+    """The ISAs Inductor would test on this x86 CPU: its own filter on the CPU's flags, without
+    the test."""
     from torch._inductor import cpu_vec_isa
 
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return []
     flags = cpu_vec_isa.x86_isa_checker()
     return [str(isa) for isa in cpu_vec_isa.supported_vec_isa_list
-            if type(isa).__name__.startswith("VecA") and all(f in flags for f in str(isa).split())]
+            if all(f in flags for f in str(isa).split())]
 
 
 def apply() -> str:

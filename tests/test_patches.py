@@ -93,7 +93,8 @@ def test_load_all_is_idempotent_and_states_never_change(monkeypatch):
     assert first == second == {"aot_cache": State.APPLIED, "kv_budget": State.APPLIED,
                                "arena_release": State.APPLIED,
                                "hermes_json_end": State.APPLIED, "amx_attention": State.APPLIED,
-                               "greedy_sampler": State.APPLIED, "slot_mapping_bind": State.APPLIED}
+                               "greedy_sampler": State.APPLIED, "slot_mapping_bind": State.APPLIED,
+                               "pp_stage_buffer": State.APPLIED}
     assert sys.modules["vllm.compilation.decorators"]._try_load_aot_compiled_fn is replaced
     assert getattr(replaced, "__vllm_edge_patch__", None) == "aot_cache"
 

@@ -144,6 +144,32 @@ def edge_mode_choices(sample_s: float = 0.5) -> dict[str, Any]:
     return out
 
 
+def rank_states(model: str, tensor_parallel_size: int, pipeline_parallel_size: int) -> dict[str, Any]:
+    """Start ``model`` eagerly at the given parallel sizes and read what the plugin did from
+    inside every rank's own process (patch states, registrations)."""
+    import os
+
+    from vllm_edge.runtime import weight_path
+    from vllm_edge.runtime.engine import edge_engine
+
+    path, _ = weight_path.model_for_engine(model)
+    edge = edge_engine(path, max_model_len=256, max_num_seqs=1, enforce_eager=True,
+                       tensor_parallel_size=tensor_parallel_size,
+                       pipeline_parallel_size=pipeline_parallel_size)
+    edge.apply_env()
+    from vllm import LLM
+
+    llm = LLM(**edge.kwargs)
+    try:
+        ranks = llm.collective_rpc("vllm_edge_report")
+    finally:
+        del llm
+    return {"model": str(path), "pid": os.getpid(), "env": edge.env,
+            "ranks": [{"rank": i, "pid": r["pid"], "patches": r["patches"],
+                       "registration_states": r.get("registration_states", {})}
+                      for i, r in enumerate(ranks)]}
+
+
 def render(report: dict[str, Any]) -> str:
     lines = ["versions:"]
     lines += [f"  {k:<13} {v or 'not installed'}" for k, v in report["versions"].items()]
@@ -188,6 +214,13 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  {p['name']:<{width}} {p['state']:<15} {p['target']}")
         if p["state"] != "applied" and p["detail"]:
             lines.append(f"  {'':<{width}} {p['detail']}")
+    ranks = report.get("ranks")
+    if ranks:
+        lines.append(f"patches inside each rank of {ranks['model']} "
+                     f"(env {', '.join(f'{k}={v}' for k, v in ranks['env'].items())}):")
+        for r in ranks["ranks"]:
+            lines.append(f"  rank {r['rank']} pid {r['pid']}: "
+                         + ", ".join(f"{k}={v}" for k, v in r["patches"].items()))
     lines.append("registrations:")
     lines += [f"  {r['name']:<28} {r['kind']:<20} {r['state']}" for r in report["registrations"]] or ["  (none)"]
     lines.append("IR op providers:")
@@ -209,7 +242,17 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(as_json: bool = False) -> int:
+def main(as_json: bool = False, ranks: tuple[int, int] | None = None, model: str = "default") -> int:
     report = collect()
+    if ranks:
+        try:
+            report["ranks"] = rank_states(model, *ranks)
+        except Exception as exc:  # report, don't crash
+            report["problems"].append(f"ranks: the engine at tensor {ranks[0]} x pipeline {ranks[1]} "
+                                      f"did not start: {type(exc).__name__}: {exc}")
+        for r in (report.get("ranks") or {}).get("ranks", []):
+            for name, state in r["patches"].items():
+                if state == "target-missing":
+                    report["problems"].append(f"rank {r['rank']} (pid {r['pid']}): patch {name} is target-missing")
     print(json.dumps(report, indent=2) if as_json else render(report))
     return 1 if report["problems"] else 0

@@ -107,6 +107,13 @@ _declare(
     "tests/test_levers_engine.py).",
 )
 _declare(
+    "VLLM_EDGE_PATCH_PP_STAGE_BUFFER", "bool", True,
+    "Let a pipeline stage after the first allocate its input buffer on first use "
+    "(patches/pp_stage_buffer.py).",
+    "Without it an eager pipeline-parallel engine with an explicit KV budget fails its first "
+    "step (tests/runtime/test_parallel_engine.py runs PP=2 eager).",
+)
+_declare(
     "VLLM_EDGE_PATCH_SLOT_MAPPING_BIND", "bool", True,
     "Bind the per-step slot-mapping launch's positional arguments by name without "
     "inspect.Signature.bind (patches/slot_mapping_bind.py).",
@@ -262,6 +269,15 @@ _declare(
     minimum=1
 )
 
+_declare(
+    "VLLM_CPU_OMP_THREADS_BIND", "str", None,
+    "vLLM's per-rank core binding on CPU ('0-3|4-7', 'auto', 'nobind'). With more than one "
+    "rank on a machine the edge mode sets it to an even split of the allowed cores; a value "
+    "the user set (other than 'auto') is kept.",
+    "vLLM's 'auto' gives each rank a NUMA node of its own and refuses to start when there are "
+    "fewer nodes than ranks, as on a one-socket box (tests/runtime/test_parallel_engine.py).",
+    owner="vllm",
+)
 _declare(
     "TORCHINDUCTOR_VEC_ISA_OK", "str", None,
     "Inductor's own switch: 1 uses the CPU's advertised vector ISAs without testing them, 0 "

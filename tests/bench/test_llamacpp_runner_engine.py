@@ -98,3 +98,24 @@ def test_too_many_sequences_for_llama_cpp_is_refused(bf16_gguf):
     limit = max_parallel_sequences()
     with pytest.raises(ValueError, match=f"{limit + 1} sequences at once: llama.cpp takes 1 to {limit}"):
         LlamaCppRunner(bf16_gguf, n_ctx=32, threads=1, max_seqs=limit + 1)
+
+
+def test_constrained_decoding_follows_the_schema_and_differs_from_free(runner, prompts):
+    """Under the long-text schema every token is inside the JSON the grammar allows: the text
+    opens the object and its one string, and a prompt that decodes freely into other text is
+    pulled into the schema instead."""
+    import json
+
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    from vllm_edge.bench.speed import LONG_TEXT_SCHEMA
+
+    grammar = json_schema_to_gbnf(json.dumps(LONG_TEXT_SCHEMA))
+    out = runner.greedy_constrained(prompts[0], TOKENS, grammar)
+    text = runner.llm.detokenize(out).decode(errors="replace")
+    assert len(out) == TOKENS and text.lstrip().startswith('{'), text
+    assert json.loads(text.lstrip()[: text.lstrip().index(":") + 1] + ' ""}') == {"text": ""}
+    free = runner.greedy(prompts[0], TOKENS)
+    assert free != out
+    with pytest.raises(ValueError, match="rejected the grammar"):
+        runner.greedy_constrained(prompts[0], 2, "root ::= (")

@@ -68,6 +68,18 @@ def test_int_lists_and_core_sets():
         pinning.parse_int_list("1,x", "--batch")
     with pytest.raises(UsageError, match="at least 1"):
         pinning.parse_int_list("0,4", "--batch")
+    assert pinning.parse_int_list("0,1", "--cpus", minimum=0) == (0, 1)
+
+
+def test_core_zero_is_a_core_on_every_command_line():
+    import argparse
+
+    from vllm_edge.cli.bench import speed as speed_cli
+
+    p = argparse.ArgumentParser()
+    speed_cli.add_args(p)
+    cfg = speed_cli.config_from_args(p.parse_args(["--cpus", "0,1", "--tensor-parallel-size", "2"]))
+    assert cfg.cpus == (0, 1) and cfg.tensor_parallel_size == 2
     assert pinning.core_set(None, None, [0, 1, 2, 3]) == [0, 1, 2, 3]
     assert pinning.core_set((3, 1), None, [0, 1, 2, 3]) == [1, 3]
     assert pinning.core_set(None, 2, [0, 1, 2, 3]) == [0, 1]
@@ -194,3 +206,16 @@ def test_weight_bytes_without_a_ledger_is_empty():
             raise AttributeError(name)
 
     assert speed.weight_bytes(Plain()) == {}
+
+
+def test_a_json_schema_is_named_or_read_and_a_bad_one_refused(tmp_path):
+    assert speed.constraint_schema("long-text") is speed.LONG_TEXT_SCHEMA
+    f = tmp_path / "s.json"
+    f.write_text('{"type": "object"}')
+    assert speed.constraint_schema(str(f)) == {"type": "object"}
+    for text, msg in (("[1]", "a JSON schema is an object"), ("{", "not JSON")):
+        f.write_text(text)
+        with pytest.raises(SpeedArgError, match=msg):
+            speed.validate(speed.SpeedConfig(json_schema=str(f)))
+    with pytest.raises(SpeedArgError, match="missing.json"):
+        speed.constraint_schema(str(tmp_path / "missing.json"))

@@ -188,3 +188,20 @@ def test_nan_or_inf_scale_is_refused_naming_the_tensor(vllm_dist, name, bad):
         _load(layer, t, sid)
     with pytest.raises(CheckpointError, match=rf"qkv_proj\.{name}: holds NaN or inf values"):
         layer.quant_method.process_weights_after_loading(layer)
+
+
+def test_a_tensor_parallel_slice_that_cuts_a_group_is_refused_by_name():
+    """Row-parallel: each rank gets input_size / tp columns and the matching scale columns;
+    a slice that is not whole groups would load the wrong scales, so loading stops."""
+    from vllm_edge.quant.linear import CpuInt4LinearMethod
+
+    method = CpuInt4LinearMethod(_cfg(32), prefix=f"{PREFIX}.mlp.down_proj")
+    with pytest.raises(CheckpointError) as exc:
+        method.make_weights(torch.nn.Module(), 400, [256], 800, weight_loader=lambda *a: None)
+    msg = str(exc.value)
+    assert f"{PREFIX}.mlp.down_proj" in msg and "2 tensor-parallel ranks" in msg
+    assert "800 input columns" in msg and "each rank 400" in msg and "group 32" in msg
+    whole = torch.nn.Module()  # 384 = 12 whole groups per rank
+    method.make_weights(whole, 384, [256], 768, weight_loader=lambda *a: None)
+    assert whole.weight_scale.shape == (256, 12) and whole.weight_packed.shape == (256, 192)
+    assert not whole.weight_scale.any()  # unloaded rows (vocabulary padding) stay finite

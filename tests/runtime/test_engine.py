@@ -35,3 +35,41 @@ def test_one_process_env_carries_the_thread_choice(default_model_dir, monkeypatc
 def test_budget_below_one_sequence_names_the_minimum(default_model_dir):
     with pytest.raises(ValueError, match=r"minimum is \d+ bytes"):
         engine.edge_engine(default_model_dir, kv_cache_memory_bytes=1 << 20)
+
+
+def _layout(cores, tp=2, pp=1, nnodes=1, one_process=True):
+    kwargs, reasons, env = {}, {}, {}
+    engine.parallel_layout(kwargs, reasons, env, cores, tp, pp, nnodes, one_process, server=False)
+    return kwargs, reasons, env
+
+
+def test_ranks_share_the_allowed_cores_evenly(monkeypatch):
+    monkeypatch.delenv(engine.BIND_ENV, raising=False)
+    kwargs, reasons, env = _layout([0, 1])
+    assert env[engine.BIND_ENV] == "0|1" and env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert kwargs == {"tensor_parallel_size": 2, "pipeline_parallel_size": 1,
+                      "distributed_executor_backend": "mp"}
+    _, reasons, env = _layout([2, 3, 4, 5, 6], tp=1, pp=2)
+    assert env[engine.BIND_ENV] == "2,3|4,5" and "[6] stay with the scheduler" in reasons[engine.BIND_ENV]
+    # two nodes of one rank each: this machine binds its one rank to every allowed core
+    _, _, env = _layout([0, 1], nnodes=2)
+    assert env[engine.BIND_ENV] == "0,1"
+
+
+def test_a_binding_the_user_set_is_kept_and_too_few_cores_are_refused(monkeypatch):
+    monkeypatch.setenv(engine.BIND_ENV, "0-3|4-7")
+    _, reasons, env = _layout([0])
+    assert engine.BIND_ENV not in env and reasons[engine.BIND_ENV] == "given in the environment"
+    monkeypatch.setenv(engine.BIND_ENV, "auto")  # vLLM's default is replaced, not kept
+    with pytest.raises(ValueError, match=r"4 ranks on this machine need at least one core each, but only 2"):
+        _layout([0, 1], tp=2, pp=2)
+    with pytest.raises(ValueError, match="--nnodes 3 must divide the 2 ranks"):
+        _layout([0, 1], nnodes=3)
+
+
+def test_the_kv_budget_is_priced_per_rank(default_model_dir):
+    one = engine.edge_engine(default_model_dir, max_model_len=512, max_num_seqs=1)
+    two = engine.edge_engine(default_model_dir, max_model_len=512, max_num_seqs=1, pipeline_parallel_size=2)
+    # 30 layers: a stage holds 15 of them, and the null block shrinks with them
+    assert two.kwargs["kv_cache_memory_bytes"] * 2 == one.kwargs["kv_cache_memory_bytes"]
+    assert "per rank" in two.reasons["kv_cache_memory_bytes"]

@@ -56,3 +56,16 @@ def test_fp32_and_bad_input():
         kv_budget_for(SMOLLM2, 16, kv_dtype="int3")
     with pytest.raises(ValueError):
         kv_budget_for(SMOLLM2, 0)
+
+
+def test_one_rank_holds_its_heads_and_its_stage():
+    # TP=2 over 4 KV heads: 2 per rank; PP=4 over 30 layers: stages of at most 8
+    cfg = dict(SMOLLM2, num_attention_heads=12, num_key_value_heads=4)
+    b = kv_budget_for(cfg, 1024, tensor_parallel_size=2, pipeline_parallel_size=4, block_size=16)
+    assert (b.bytes_per_token_per_layer, b.num_layers) == (2 * 2 * 64 * 2, 8)
+    assert b.flat_bytes == 8 * 512 * (1024 + 16)
+    # fewer KV heads than ranks: vLLM replicates, each rank holds one whole head
+    one = kv_budget_for(SMOLLM2, 1024, tensor_parallel_size=8, block_size=16)
+    assert one.bytes_per_token_per_layer == 2 * 1 * 64 * 2
+    with pytest.raises(ValueError):
+        kv_budget_for(SMOLLM2, 1024, tensor_parallel_size=0)

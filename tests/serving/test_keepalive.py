@@ -61,3 +61,10 @@ def test_a_live_process_that_is_not_our_server_is_not_listed_but_kept(tmp_path, 
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_parallel_server_is_not_reused_for_one_rank():
+    one = keepalive.server_key("default", "auto")
+    assert keepalive.server_key("default", "auto", (1, 1)) == one
+    assert len({one, keepalive.server_key("default", "auto", (2, 1)),
+                keepalive.server_key("default", "auto", (1, 2))}) == 3

@@ -440,7 +440,7 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
     return "\n".join(lines).rstrip() + "\n", written
 
 
-def _grid_cell(s: dict | None) -> str:
+def grid_cell(s: dict | None) -> str:
     if not s or s.get("median") is None:
         return "–"
     spread = "" if s.get("spread_pct") is None else f" ±{s['spread_pct'] / 2:.0f}%"
@@ -480,7 +480,7 @@ def grid_sections(results_dir: Path, results_display: str) -> list[str]:
         if g.get("description"):
             lines += [_description(g["description"]), ""]
         names = list(metrics)
-        rows = [[arm, *[_grid_cell(metrics[m]["arms"].get(arm)) for m in names]] for arm in arms]
+        rows = [[arm, *[grid_cell(metrics[m]["arms"].get(arm)) for m in names]] for arm in arms]
         lines += table(["arm", *names], rows)
         flags = []
         for m in names:

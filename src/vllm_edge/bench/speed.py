@@ -67,6 +67,10 @@ class SpeedConfig:
     quant: str | None = None
     group: int = DEFAULT_GROUP
     image_px: int | None = None
+    # ranks of vLLM's multiprocess executor, each bound to its share of the pinned cores
+    tensor_parallel_size: int = 1
+    # decode every run under this JSON schema: "long-text" or a schema file
+    json_schema: str | None = None
 
 
 # --- keys and arithmetic -----------------------------------------------------
@@ -133,6 +137,8 @@ def validate(cfg: SpeedConfig, model_max_len: int | None = None) -> int:
         raise SpeedArgError("--max-model-len must be at least 2")
     if cfg.image_px is not None and cfg.image_px < 1:
         raise SpeedArgError("--image-px must be at least 1")
+    if cfg.json_schema is not None:
+        constraint_schema(cfg.json_schema)  # a missing or malformed file fails here
     limit, source = cfg.max_model_len, "--max-model-len"
     if model_max_len is not None and (limit is None or model_max_len < limit):
         limit, source = model_max_len, "the model's max_position_embeddings"
@@ -274,12 +280,40 @@ def summarize(runs: dict[str, list[float]]) -> dict[str, dict]:
     return {k: stats.summarize(v, k) for k, v in runs.items()}
 
 
-def vllm_generate(llm: Any) -> Generate:
-    """Time ``llm.generate`` on token-id prompts, greedy, EOS ignored."""
+# No valid output is shorter than 4000 characters (over 128 tokens for any tokenizer we
+# run), so a constrained tg run decodes all its tokens inside the grammar.
+LONG_TEXT_SCHEMA = {"type": "object", "properties": {"text": {"type": "string", "minLength": 4000}},
+                    "required": ["text"], "additionalProperties": False}
+
+
+def constraint_schema(spec: str) -> dict:
+    """``long-text`` or the path of a JSON schema file."""
+    import json
+
+    if spec == "long-text":
+        return LONG_TEXT_SCHEMA
+    try:
+        schema = json.loads(Path(spec).read_text())
+    except OSError as exc:
+        raise SpeedArgError(f"--json-schema {spec}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise SpeedArgError(f"--json-schema {spec}: not JSON ({exc})") from None
+    if not isinstance(schema, dict):
+        raise SpeedArgError(f"--json-schema {spec}: a JSON schema is an object, got {type(schema).__name__}")
+    return schema
+
+
+def vllm_generate(llm: Any, json_schema: dict | None = None) -> Generate:
+    """Time ``llm.generate`` on token-id prompts, greedy, EOS ignored; under ``json_schema``
+    when given (vLLM's structured outputs)."""
     from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    constraint = StructuredOutputsParams(json=json_schema) if json_schema else None
 
     def generate(prompts: list[list[int]], max_tokens: int) -> float:
-        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                            structured_outputs=constraint)
         batch = [p if isinstance(p, dict) else {"prompt_token_ids": p} for p in prompts]
         t0 = time.perf_counter()
         outs = llm.generate(batch, sp, use_tqdm=False)
@@ -368,21 +402,36 @@ def traffic(result: dict, acc: Any, contexts: list[tuple[str, float]], ceiling: 
 # --- a whole run -------------------------------------------------------------
 
 def weight_bytes(llm: Any) -> dict[str, float]:
-    """The worker's model tensors (deduplicated storages, resident by mincore) and the
-    cpu_int4 dequantization workspace, from the memory ledger; taken after the runs so
-    the workspace has reached its size. Empty if the engine has no edge worker extension."""
+    """The workers' model tensors (deduplicated storages, resident by mincore) and the
+    cpu_int4 dequantization workspace, from the memory ledger, summed over the ranks; taken
+    after the runs so the workspace has reached its size. Empty if the engine has no edge
+    worker extension."""
     try:
-        led = llm.collective_rpc("vllm_edge_ledger")[0]
+        ledgers = llm.collective_rpc("vllm_edge_ledger")
     except Exception as exc:  # a plain engine: report the gap, do not fail the speed run
         print(f"[speed] no weight ledger: {exc}", file=sys.stderr)
         return {}
-    roles = {k: v for k, v in led["roles"].items() if k != "workspace"}
-    ws = led["roles"].get("workspace", {})
-    return {"weights_resident_mb": round(sum(r["resident_mb"] for r in roles.values()), 1),
-            "weights_allocated_mb": round(sum(r["allocated_mb"] for r in roles.values()), 1),
-            # oneDNN handles hold packed bf16 weights we cannot address: counted from shapes
-            "weights_opaque_est_mb": round(led.get("opaque_packed_handles", {}).get("estimated_mb", 0.0), 1),
-            "dequant_workspace_mb": round(ws.get("resident_mb", 0.0), 1)}
+    out = {"weights_resident_mb": 0.0, "weights_allocated_mb": 0.0, "weights_opaque_est_mb": 0.0,
+           "dequant_workspace_mb": 0.0}
+    for led in ledgers:
+        roles = {k: v for k, v in led["roles"].items() if k != "workspace"}
+        out["weights_resident_mb"] += sum(r["resident_mb"] for r in roles.values())
+        out["weights_allocated_mb"] += sum(r["allocated_mb"] for r in roles.values())
+        # oneDNN handles hold packed bf16 weights we cannot address: counted from shapes
+        out["weights_opaque_est_mb"] += led.get("opaque_packed_handles", {}).get("estimated_mb", 0.0)
+        out["dequant_workspace_mb"] += led["roles"].get("workspace", {}).get("resident_mb", 0.0)
+    return {k: round(v, 1) for k, v in out.items()}
+
+
+def rank_memory(llm: Any) -> list[dict[str, Any]]:
+    """RssAnon of each rank's own process (the pid its plugin reports from inside it)."""
+    from vllm_edge.common.procmem import rss_anon_kb
+
+    ranks = []
+    for rank, rep in enumerate(llm.collective_rpc("vllm_edge_report")):
+        kb = rss_anon_kb(rep["pid"])
+        ranks.append({"rank": rank, "pid": rep["pid"], "rss_anon_mb": round(kb / 1024, 1) if kb else None})
+    return ranks
 
 
 def model_max_len(path: Path) -> int | None:
@@ -416,7 +465,9 @@ def image_token_id(path: Path) -> int:
 
 
 def build_label(path: Path, cfg: SpeedConfig) -> str:
-    return f"{path.name} ({cfg.dtype}, {'eager' if cfg.enforce_eager else 'compiled'})"
+    tp = f", TP={cfg.tensor_parallel_size}" if cfg.tensor_parallel_size > 1 else ""
+    js = f", JSON schema {cfg.json_schema}" if cfg.json_schema else ""
+    return f"{path.name} ({cfg.dtype}, {'eager' if cfg.enforce_eager else 'compiled'}{tp}{js})"
 
 
 def engine_for(cfg: SpeedConfig, path: Path, max_model_len: int) -> Any:
@@ -428,7 +479,8 @@ def engine_for(cfg: SpeedConfig, path: Path, max_model_len: int) -> Any:
 
     edge = edge_engine(path, max_model_len=max_model_len, max_num_seqs=max((1, *cfg.batches)),
                        dtype=cfg.dtype, enforce_eager=cfg.enforce_eager,
-                       enable_prefix_caching=False, worker_extension=WORKER_EXTENSION)
+                       enable_prefix_caching=False, worker_extension=WORKER_EXTENSION,
+                       tensor_parallel_size=cfg.tensor_parallel_size)
     edge.kwargs["disable_log_stats"] = True
     if cfg.image_px:
         edge.kwargs["limit_mm_per_prompt"] = {"image": 1}
@@ -489,10 +541,12 @@ def run(cfg: SpeedConfig, pinning: dict | None = None, out: str | os.PathLike | 
     images = ImagePrompts(image_token, cfg.image_px, source) if cfg.image_px else None
     # Coarse sampling: a busy sampler thread would steal time from the run it measures.
     with TreeSampler(interval=0.5) as bench_mem:
-        measured = measure(vllm_generate(llm), cfg, source, log=lambda s: log(f"[speed] {s}"),
+        schema = constraint_schema(cfg.json_schema) if cfg.json_schema else None
+        measured = measure(vllm_generate(llm, schema), cfg, source, log=lambda s: log(f"[speed] {s}"),
                            images=images)
     memory["bench_peak_rss_anon_mb"] = round(bench_mem.peak_mb, 1)
     weights = weight_bytes(llm)
+    ranks = rank_memory(llm)
     del llm
 
     result = {
@@ -505,6 +559,7 @@ def run(cfg: SpeedConfig, pinning: dict | None = None, out: str | os.PathLike | 
         "load_s": round(load_s, 3),
         "import_vllm_s": round(import_s, 3),
         "memory_phases": memory,
+        "ranks": ranks,
         "weights": weights,
         "timings": measured["timings"],
         "engine": edge.describe(),
@@ -526,6 +581,9 @@ def metric_line(result: dict) -> dict:
         line[k] = s["median"]
     line["load_s"] = result["load_s"]
     line["peak_rss_anon_mb"] = max(result["memory_phases"].values())
+    rank_mb = [r["rss_anon_mb"] for r in result.get("ranks") or [] if r.get("rss_anon_mb") is not None]
+    if rank_mb:  # what one machine of a split would have to hold
+        line["largest_rank_rss_anon_mb"] = max(rank_mb)
     # Derived figures, named so that the grid gives them no direction and never ranks them.
     for i, (key, t) in enumerate((result.get("traffic") or {}).items()):
         prefix = "" if i == 0 else key[:-len("_tps")] + "_"

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from vllm_edge.cli.args import add_out, add_weight_quant, reported
+from vllm_edge.common.errors import EdgeError
 
 NAME = "agent"
 HELP = "agent suite on a simulated phone, judged by device state"
@@ -23,6 +24,22 @@ def run_suite(args: argparse.Namespace) -> int:
         tasks = select_tasks(args.tasks)
         variants = select_variants(args.variants)
         system_prompt = prompts.prompt(args.prompt)
+        if args.engine == "llamacpp":
+            if args.base_url or args.serve:
+                raise ValueError("--engine llamacpp runs the GGUF in this process: no --base-url or --serve")
+            if not args.gguf:
+                raise ValueError("--engine llamacpp needs --gguf PATH (the GGUF file to run)")
+            if not os.path.isfile(args.gguf):
+                raise ValueError(f"--gguf {args.gguf}: no such file")
+            if args.threads is not None and args.threads < 1:
+                raise ValueError(f"--threads {args.threads}: must be at least 1")
+            if args.n_ctx < 1:
+                raise ValueError(f"--n-ctx {args.n_ctx}: must be at least 1")
+        elif args.gguf or args.chat_template or args.threads is not None:
+            raise ValueError("--gguf, --chat-template and --threads are for --engine llamacpp")
+    if args.engine == "llamacpp":
+        return _run_llamacpp(args, tasks, variants, system_prompt)
+    with reported(ValueError):
         if (args.base_url is None) == (not args.serve):
             raise ValueError("give --base-url URL (a running server) or --serve (start one), not both")
         if args.base_url and not args.model:
@@ -50,6 +67,39 @@ def _run(args, base_url, tasks, variants, system_prompt, server_log: str | None)
     if args.out:
         suite.write_report(args.out, report, extra_provenance={"served_model": args.model, "base_url": base_url,
                                                                "server_model": _served(args, base_url)})
+        print(f"wrote {args.out}")
+    return 1 if report["summary"]["errors"] else 0
+
+
+def _run_llamacpp(args, tasks, variants, system_prompt) -> int:
+    """The same suite on llama.cpp in this process (llama-cpp-python): the GGUF loaded once,
+    prompted with the template serve would give vLLM and constrained the way vLLM is."""
+    from vllm_edge.agent import suite
+    from vllm_edge.agent.llamacpp_chat import llamacpp_chat
+
+    tool_choice = "required" if args.constrained else "auto"
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        raise EdgeError("--engine llamacpp needs llama-cpp-python "
+                        "(pip install 'vllm-edge[baselines]')") from None
+    with reported(ValueError, OSError):
+        chat = llamacpp_chat(args.gguf, temperature=args.temperature, max_tokens=args.max_tokens,
+                             seed=args.seed, tool_choice=tool_choice, n_ctx=args.n_ctx,
+                             n_threads=args.threads, chat_template=args.chat_template)
+    try:
+        report = suite.run_suite(chat, tasks, variants, repeat=args.repeat, max_steps=args.max_steps,
+                                 system_prompt=system_prompt)
+        info = chat.describe()
+    finally:
+        chat.close()
+    for line in suite.format_summary(report["summary"]):
+        print(line)
+    report["config"].update(model=str(args.gguf), temperature=args.temperature, max_tokens=args.max_tokens,
+                            seed=args.seed, constrained=args.constrained, prompt=args.prompt, **info)
+    if args.out:
+        suite.write_report(args.out, report,
+                           extra_provenance={"gguf": info["gguf"], "gguf_sha256": info["gguf_sha256"]})
         print(f"wrote {args.out}")
     return 1 if report["summary"]["errors"] else 0
 
@@ -107,7 +157,19 @@ def list_tasks(args: argparse.Namespace) -> int:
 
 def add_args(p: argparse.ArgumentParser) -> None:
     asub = p.add_subparsers(dest="agent_command", required=True)
-    r = asub.add_parser("run", help="run tasks x variants x repeats against an OpenAI-compatible server")
+    r = asub.add_parser("run", help="run tasks x variants x repeats against an OpenAI-compatible server, "
+                                    "or on llama.cpp in this process")
+    r.add_argument("--engine", choices=("vllm", "llamacpp"), default="vllm",
+                   help="vllm: a server (--base-url or --serve); llamacpp: --gguf through "
+                        "llama-cpp-python in this process")
+    r.add_argument("--gguf", default=None, help="with --engine llamacpp: the GGUF file to run")
+    r.add_argument("--chat-template", default=None,
+                   help="with --engine llamacpp: a Jinja chat template that writes hermes <tool_call> blocks "
+                        "(default: the one serve uses for the model, else the GGUF's own)")
+    r.add_argument("--threads", type=int, default=None,
+                   help="with --engine llamacpp: threads (default: our cores)")
+    r.add_argument("--n-ctx", type=int, default=2048,
+                   help="with --engine llamacpp: context tokens (default %(default)s, serve's max_model_len)")
     r.add_argument("--base-url", default=None, help="a running server, e.g. http://127.0.0.1:8000/v1")
     r.add_argument("--serve", action="store_true",
                    help="start `vllm-edge serve default` on a free loopback port for the run instead; "
@@ -126,7 +188,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--seed", type=int, default=None)
     r.add_argument("--constrained", action="store_true",
                    help="send tool_choice=required: the server constrains every reply to a call of one "
-                        "of the offered tools (vLLM: structured outputs through xgrammar)")
+                        "of the offered tools (vLLM: structured outputs through xgrammar; llamacpp: the "
+                        "same structure as a GBNF grammar)")
     r.add_argument("--prompt", default="default", help="system prompt: default or example (one worked example)")
     add_out(r, default="benchmarks/results/agent_suite.json", help="JSON result path ('' for none)")
     r.set_defaults(func=run_suite)

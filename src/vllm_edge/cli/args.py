@@ -55,6 +55,22 @@ def add_group(p: argparse.ArgumentParser, help: str = "input columns per scale (
     p.add_argument("--group", type=int, choices=GROUPS, default=DEFAULT_GROUP, help=help)
 
 
+def add_parallel(p: argparse.ArgumentParser) -> None:
+    """`run` and `serve`: vLLM's tensor and pipeline parallelism, one process per rank."""
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="split every layer over N ranks (the allowed cores are split between them)")
+    p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1, metavar="N",
+                   help="split the layers into N stages, one rank each")
+
+
+def add_json_schema(p: argparse.ArgumentParser) -> None:
+    """`bench speed` and `bench llamacpp`: decode every run under a JSON schema."""
+    p.add_argument("--json-schema", default=None, metavar="long-text|FILE",
+                   help="decode every run under this JSON schema (vLLM: structured outputs; "
+                        "llama.cpp: a GBNF grammar); long-text has no valid output under 4000 "
+                        "characters, so a tg run never reaches the grammar's end")
+
+
 def add_torch_dtype(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16", help="torch dtype of the engine (default %(default)s)")
 

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from vllm_edge.common import pinning
     from vllm_edge.common.errors import UsageError
 
-    cpus = pinning.parse_int_list(args.cpus, "--cpus") or None
+    cpus = pinning.parse_int_list(args.cpus, "--cpus", minimum=0) or None
     if args.threads is not None and args.threads < 1:
         raise UsageError("--threads must be at least 1")
     cores = pinning.core_set(cpus, args.threads, sorted(os.sched_getaffinity(0)))

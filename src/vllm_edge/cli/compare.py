@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     if not llamacpp_runner.available():
         raise EdgeError(llamacpp_runner.SKIP_REASON)
     allowed = sorted(os.sched_getaffinity(0))
-    cpus = pinning.parse_int_list(args.cpus, "--cpus") or None
+    cpus = pinning.parse_int_list(args.cpus, "--cpus", minimum=0) or None
     cores = pinning.core_set(cpus, args.threads, allowed)
     if min(args.passes, args.reps, args.fidelity_greedy_tokens, args.fidelity_chunks) < 1:
         raise speed.SpeedArgError("--passes, --reps, --fidelity-greedy-tokens and --fidelity-chunks "

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     spec = grid.load_spec(args.spec)
     out_dir = Path(args.out) if args.out else Path("benchmarks/results/grid") / grid.slugify(spec["name"])
-    cores = parse_int_list(args.cpus, "--cpus") or None
+    cores = parse_int_list(args.cpus, "--cpus", minimum=0) or None
     summary = grid.run_grid(spec, args.passes, out_dir, work_dir=args.work_dir,
                             allow_busy=args.allow_busy, busy_threshold_pct=args.busy_threshold,
                             noisy_pct=args.noisy_pct, lock_path=args.lock_file,

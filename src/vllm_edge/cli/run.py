@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vllm_edge.cli.args import add_model, add_output, add_weight_quant, reported, weight_dtype
+from vllm_edge.cli.args import add_model, add_output, add_parallel, add_weight_quant, reported, weight_dtype
 
 NAME = "run"
 HELP = "chat with a model (kept loaded in a background server), or answer one prompt"
@@ -42,6 +42,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="show vLLM's own output live instead of keeping it in "
                         "$VLLM_EDGE_HOME/logs/run-*.log (-o json always shows it)")
     add_weight_quant(p)
+    add_parallel(p)
     p.add_argument("--priority", choices=("speed", "fidelity"), default="speed",
                    help="what the weight-path choice favours (see docs/guide/quantize.md)")
     p.add_argument("--image", action="append", default=None, metavar="PATH",
@@ -66,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens or 64, max_model_len=args.max_model_len,
             enforce_eager=args.enforce_eager, one_process=not args.multiprocess, as_json=as_json,
             dtype=weight_dtype(args.quant), priority=args.priority, images=args.image,
-            verbose=args.verbose or as_json,
+            verbose=args.verbose or as_json, tensor_parallel_size=args.tensor_parallel_size,
+            pipeline_parallel_size=args.pipeline_parallel_size,
         )
     chat.print_result(result, as_json)
     return 0
@@ -87,8 +89,11 @@ def client(args: argparse.Namespace, keep_s: float) -> int:
         prompt = sys.stdin.read().strip() or DEFAULT_PROMPT
     flags = ["--max-model-len", str(args.max_model_len), "--priority", args.priority]
     flags += ["--enforce-eager"] if args.enforce_eager else []
+    ranks = (args.tensor_parallel_size, args.pipeline_parallel_size)
+    if ranks != (1, 1):
+        flags += ["--tensor-parallel-size", str(ranks[0]), "--pipeline-parallel-size", str(ranks[1])]
     t0 = time.time()
-    rec, new = keepalive.ensure(args.model, args.quant, keep_s, flags,
+    rec, new = keepalive.ensure(args.model, args.quant, keep_s, flags, ranks=ranks,
                                 say=lambda m: print(f"[vllm-edge] {m}", file=sys.stderr))
     how = f"started, ready in {time.time() - t0:.1f} s" if new else "reused"
     name = keepalive.served_name(rec)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_edge.cli.args import MODEL_HELP, add_weight_quant, reported, weight_dtype
+from vllm_edge.cli.args import MODEL_HELP, add_parallel, add_weight_quant, reported, weight_dtype
 
 NAME = "serve"
 HELP = "vLLM's OpenAI-compatible server with the edge defaults"
@@ -36,15 +36,26 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "`run` starts); default: never")
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="names requests may use (default: the embedded key and 'default', or MODEL)")
+    add_parallel(p)
+    nodes = p.add_argument_group("several machines (docs/guide/parallel.md)")
+    nodes.add_argument("--nnodes", type=int, default=1, help="machines sharing the ranks")
+    nodes.add_argument("--node-rank", type=int, default=0,
+                       help="this machine's index; node 0 serves the API, the others only run ranks")
+    nodes.add_argument("--master-addr", default=None, help="address of node 0 that every node can reach")
+    nodes.add_argument("--master-port", type=int, default=None,
+                       help="port of node 0 for the ranks to meet (default: vLLM's)")
 
 
 def run(args: argparse.Namespace) -> int:
     from vllm_edge.serving import serve
 
     with reported(ValueError):
+        parallel = serve.Parallel(args.tensor_parallel_size, args.pipeline_parallel_size, args.nnodes,
+                                  args.node_rank, args.master_addr, args.master_port)
         return serve.main(
             args.model, host=args.host, port=args.port, max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager,
             dtype=weight_dtype(args.quant), priority=args.priority, multiprocess=args.multiprocess,
             tool_call_parser=args.tool_call_parser, chat_template=args.chat_template,
-            served_model_name=args.served_model_name, api_key=args.api_key, idle_exit_s=args.idle_exit, extra=getattr(args, "vllm_extra", []))
+            served_model_name=args.served_model_name, api_key=args.api_key, idle_exit_s=args.idle_exit, extra=getattr(args, "vllm_extra", []),
+            parallel=parallel)

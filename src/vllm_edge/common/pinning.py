@@ -10,16 +10,17 @@ from typing import Sequence
 from vllm_edge.common.errors import UsageError
 
 
-def parse_int_list(text: str | None, what: str) -> tuple[int, ...]:
-    """``"1,4,8"`` -> ``(1, 4, 8)``; empty -> ``()``. Values must be at least 1."""
+def parse_int_list(text: str | None, what: str, minimum: int = 1) -> tuple[int, ...]:
+    """``"1,4,8"`` -> ``(1, 4, 8)``; empty -> ``()``. Values must be at least ``minimum``
+    (0 for core numbers)."""
     if text is None or text.strip() == "":
         return ()
     try:
         vals = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise UsageError(f"{what}: expected comma-separated integers, got {text!r}") from None
-    if any(v < 1 for v in vals):
-        raise UsageError(f"{what}: values must be at least 1, got {text!r}")
+    if any(v < minimum for v in vals):
+        raise UsageError(f"{what}: values must be at least {minimum}, got {text!r}")
     return vals
 
 

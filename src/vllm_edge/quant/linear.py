@@ -96,11 +96,22 @@ class Int4WeightsMixin:
         k = input_size_per_partition
         if k % 2:
             raise CheckpointError(f"{self.prefix}: cpu_int4 needs an even input size, got {k}")
+        if k != input_size and k % group:
+            # vLLM hands each rank its slice of the scale columns, so a group cut in two
+            # would give the second rank another group's scales: refuse, never run wrong
+            raise CheckpointError(
+                f"cpu_int4: {self.prefix} cannot be split over {input_size // k} tensor-parallel "
+                f"ranks: its {input_size} input columns give each rank {k}, which is not a "
+                f"multiple of the quantization group {group}, so a group would straddle two "
+                "ranks. Use a tensor-parallel size that keeps whole groups per rank, or "
+                "pipeline parallelism, or quantize with a group that divides the slice.")
         groups = math.ceil(k / group)
         specs = {
             "weight_packed": (torch.empty(n, k // 2, dtype=torch.uint8), {"packed_dim": 1, "packed_factor": 2}),
-            "weight_scale": (torch.empty(n, groups, dtype=torch.bfloat16), {}),
-            "weight_zero": (torch.empty(n, groups, dtype=torch.bfloat16), {}),
+            # zeros, not empty: rows past the vocabulary (a rank's padding) are never loaded,
+            # and the finiteness check at repack must not trip on leftover memory
+            "weight_scale": (torch.zeros(n, groups, dtype=torch.bfloat16), {}),
+            "weight_zero": (torch.zeros(n, groups, dtype=torch.bfloat16), {}),
         }
         layer.cpu_int4_loaded = {name: set() for name in specs}
         layer.cpu_int4_input_size = input_size

@@ -15,6 +15,7 @@ from vllm_edge.runtime.kv import kv_budget_for
 WORKER_EXTENSION = "vllm_edge.runtime.worker_ext.EdgeWorkerExtension"
 # vLLM 0.32's CPU platform sets block_size=128 unless the user chose one.
 CPU_BLOCK_SIZE = 128
+BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
 
 @dataclass
@@ -47,26 +48,32 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
                 kv_cache_memory_bytes: int | None = None, one_process: bool = True,
                 enable_prefix_caching: bool = True, server: bool = False,
                 max_num_batched_tokens: int | None = None,
-                worker_extension: str = WORKER_EXTENSION) -> EdgeEngine:
+                worker_extension: str = WORKER_EXTENSION, tensor_parallel_size: int = 1,
+                pipeline_parallel_size: int = 1, nnodes: int = 1) -> EdgeEngine:
     """``server``: the arguments are for vLLM's API server (`serve`), whose AsyncLLM always
     runs the engine core in a process of its own; ``one_process`` then keeps the worker
     inside that engine-core process. ``worker_extension`` is the class vLLM mixes into the
     worker (benchmarks pass one with their measurement calls). ``max_num_batched_tokens``:
     the most tokens one step runs (longer prompts prefill in chunks); it also sizes the
-    dummy forward vLLM runs at start (vLLM's CPU default for ``LLM`` is 4096)."""
+    dummy forward vLLM runs at start (vLLM's CPU default for ``LLM`` is 4096).
+    ``tensor_parallel_size``/``pipeline_parallel_size``: ranks in vLLM's multiprocess
+    executor, ``nnodes`` machines sharing them (see :func:`parallel_layout`)."""
     model_path = Path(model_path)
     config = json.loads((model_path / "config.json").read_text())
     reasons: dict[str, str] = {}
+    ranks = {"tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size}
+    world = tensor_parallel_size * pipeline_parallel_size
+    per_rank = " per rank" if world > 1 else ""
     if kv_cache_memory_bytes is None:
-        budget = kv_budget_for(config, max_model_len, max_num_seqs, dtype, CPU_BLOCK_SIZE)
+        budget = kv_budget_for(config, max_model_len, max_num_seqs, dtype, CPU_BLOCK_SIZE, **ranks)
         kv_cache_memory_bytes = budget.flat_bytes
         reasons["kv_cache_memory_bytes"] = (
-            f"priced from the config: {budget.num_layers} layers x "
+            f"priced from the config{per_rank}: {budget.num_layers} layers x "
             f"{budget.bytes_per_token_per_layer} B/token x {budget.tokens_per_seq} tokens x "
             f"{max_num_seqs} seqs + 1 null block (vLLM's default reserves a fraction of all RAM)"
         )
     else:
-        need = kv_budget_for(config, max_model_len, 1, dtype, CPU_BLOCK_SIZE).flat_bytes
+        need = kv_budget_for(config, max_model_len, 1, dtype, CPU_BLOCK_SIZE, **ranks).flat_bytes
         if kv_cache_memory_bytes < need:
             raise ValueError(
                 f"kv_cache_memory_bytes={kv_cache_memory_bytes} is too small for one sequence of "
@@ -109,7 +116,10 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
 
     cores = probe_cpu().allowed_cpus
     env: dict[str, str] = {}
-    if one_process:
+    if world > 1:
+        parallel_layout(kwargs, reasons, env, cores, tensor_parallel_size, pipeline_parallel_size,
+                        nnodes, one_process, server)
+    elif one_process:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         reasons["VLLM_ENABLE_V1_MULTIPROCESSING"] = (
             "two processes, the API server and one engine core that runs the model itself: "
@@ -126,6 +136,51 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         reasons["VLLM_ENABLE_V1_MULTIPROCESSING"] = "multiprocess executor requested"
     return EdgeEngine(kwargs, reasons, env)
+
+
+def parallel_layout(kwargs: dict[str, Any], reasons: dict[str, str], env: dict[str, str],
+                    cores: list[int], tp: int, pp: int, nnodes: int, one_process: bool,
+                    server: bool) -> None:
+    """One worker process per rank, each bound to its own share of the allowed cores.
+
+    vLLM's automatic binding gives each local rank a NUMA node of its own (and refuses when
+    there are fewer nodes than ranks, as on every single-socket box); here the allowed cores
+    are split evenly between the ranks of this machine instead, and any left over stay with
+    the scheduler. A binding the user set in VLLM_CPU_OMP_THREADS_BIND is kept."""
+    from vllm_edge import envs
+
+    world = tp * pp
+    if nnodes < 1 or world % nnodes:
+        raise ValueError(f"--nnodes {nnodes} must divide the {world} ranks "
+                         f"(tensor {tp} x pipeline {pp})")
+    local = world // nnodes
+    kwargs.update(tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                  distributed_executor_backend="mp")
+    reasons["tensor_parallel_size"] = f"{tp} ranks split each layer" if tp > 1 else "1"
+    reasons["pipeline_parallel_size"] = f"{pp} stages split the layers" if pp > 1 else "1"
+    reasons["distributed_executor_backend"] = (
+        "mp: one worker process per rank" + (f", {local} of them on this machine" if nnodes > 1 else ""))
+    given = envs.get(BIND_ENV)
+    if given and given not in ("auto", ""):
+        reasons[BIND_ENV] = "given in the environment"
+    else:
+        if len(cores) < local:
+            raise ValueError(
+                f"{local} ranks on this machine need at least one core each, but only "
+                f"{len(cores)} are allowed ({cores}); lower --tensor-parallel-size or "
+                "--pipeline-parallel-size, or add machines with --nnodes")
+        share = len(cores) // local
+        lists = [cores[i * share:(i + 1) * share] for i in range(local)]
+        env[BIND_ENV] = "|".join(",".join(map(str, c)) for c in lists)
+        spare = cores[share * local:]
+        reasons[BIND_ENV] = (
+            f"{share} core(s) per rank: vLLM's automatic binding wants one NUMA node per rank"
+            + (f"; cores {spare} stay with the scheduler" if spare else ""))
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if one_process else "1"
+    reasons["VLLM_ENABLE_V1_MULTIPROCESSING"] = (
+        ("the engine core stays in " + ("the server's engine process" if server else "this process")
+         + "; only the ranks get processes of their own")
+        if one_process else "multiprocess engine core requested")
 
 
 def thread_count(cores: list[int]) -> tuple[int, str]:

@@ -62,13 +62,20 @@ def _sliding_layers(cfg: Any, n_layers: int) -> tuple[int, int | None]:
 
 
 def kv_budget_for(config: Any, max_model_len: int, max_num_seqs: int = 1,
-                  kv_dtype: str = "bfloat16", block_size: int = 16) -> KvBudget:
+                  kv_dtype: str = "bfloat16", block_size: int = 16, *,
+                  tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1) -> KvBudget:
+    """The budget of one rank: under tensor parallelism a rank holds its share of the KV
+    heads (one whole head when there are fewer heads than ranks, as vLLM replicates them),
+    under pipeline parallelism the layers of its stage (at most ceil(layers / stages))."""
     if max_model_len <= 0 or max_num_seqs <= 0 or block_size <= 0:
         raise ValueError("max_model_len, max_num_seqs and block_size must be positive")
+    if tensor_parallel_size < 1 or pipeline_parallel_size < 1:
+        raise ValueError("tensor_parallel_size and pipeline_parallel_size must be at least 1")
     cfg = _text_config(config)
-    n_layers = int(_get(cfg, "num_hidden_layers"))
+    n_layers = math.ceil(int(_get(cfg, "num_hidden_layers")) / pipeline_parallel_size)
     n_heads = int(_get(cfg, "num_attention_heads"))
     kv_heads = int(_get(cfg, "num_key_value_heads", n_heads) or n_heads)
+    kv_heads = max(1, kv_heads // tensor_parallel_size)
     head_dim = _get(cfg, "head_dim") or int(_get(cfg, "hidden_size")) // n_heads
     try:
         dbytes = DTYPE_BYTES[str(kv_dtype).replace("torch.", "")]
@@ -78,7 +85,8 @@ def kv_budget_for(config: Any, max_model_len: int, max_num_seqs: int = 1,
     tokens = math.ceil(max_model_len / block_size) * block_size
     null_block = n_layers * per_tok_layer * block_size
     flat = n_layers * per_tok_layer * tokens * max_num_seqs + null_block
-    n_sliding, window = _sliding_layers(cfg, n_layers)
+    n_sliding, window = _sliding_layers(cfg, int(_get(cfg, "num_hidden_layers")))
+    n_sliding = min(n_sliding, n_layers)
     if n_sliding and window:
         win_tokens = min(tokens, math.ceil(int(window) / block_size) * block_size)
         hybrid = ((n_layers - n_sliding) * tokens + n_sliding * win_tokens) * per_tok_layer * max_num_seqs

@@ -65,9 +65,11 @@ def model_id(model: str) -> str:
     return model
 
 
-def server_key(model: str, quant: str) -> str:
-    """The identity of a server: the model and its weight path."""
-    return f"{model_id(model)}|{quant}"
+def server_key(model: str, quant: str, ranks: tuple[int, int] = (1, 1)) -> str:
+    """The identity of a server: the model, its weight path, and its (tensor, pipeline)
+    parallel sizes when they are not one rank."""
+    key = f"{model_id(model)}|{quant}"
+    return key if ranks == (1, 1) else f"{key}|tp{ranks[0]}pp{ranks[1]}"
 
 
 def _slug(key: str) -> str:
@@ -139,13 +141,13 @@ def _free_port() -> int:
 
 def ensure(model: str, quant: str, keep_alive_s: float, serve_flags: list[str] | None = None,
            *, say: Callable[[str], None] = lambda _: None,
-           ready_timeout_s: float = 3600) -> tuple[Record, bool]:
+           ready_timeout_s: float = 3600, ranks: tuple[int, int] = (1, 1)) -> tuple[Record, bool]:
     """A live server for ``model``: the running one, or one started now. Returns (record,
     started)."""
     from vllm_edge.common import atomic
     from vllm_edge.serving import engine_log
 
-    key = server_key(model, quant)
+    key = server_key(model, quant, ranks)
     record_path = state_dir() / f"{_slug(key)}.json"
     with atomic.lock(record_path):
         rec = find(key)

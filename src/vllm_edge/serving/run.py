@@ -40,7 +40,8 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
         max_tokens: int = 64, max_model_len: int = 2048, enforce_eager: bool = False,
         one_process: bool = True, as_json: bool = False, dtype: str = "auto",
         priority: str = "speed", images: list[str] | None = None,
-        verbose: bool = True) -> dict[str, Any]:
+        verbose: bool = True, tensor_parallel_size: int = 1,
+        pipeline_parallel_size: int = 1) -> dict[str, Any]:
     from vllm_edge.models import vlm
     from vllm_edge.runtime import images as img_mod
     from vllm_edge.runtime import weight_path
@@ -72,7 +73,9 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
         status(term, log, f"loading {Path(path).name}…")
         edge = edge_engine(path, max_model_len=max_model_len, enforce_eager=enforce_eager,
                            one_process=one_process, max_num_seqs=1,
-                           max_num_batched_tokens=RUN_BATCH_TOKENS)
+                           max_num_batched_tokens=RUN_BATCH_TOKENS,
+                           tensor_parallel_size=tensor_parallel_size,
+                           pipeline_parallel_size=pipeline_parallel_size)
         edge.reasons["max_num_seqs"] = ("1: `run` answers one conversation, so the KV cache is "
                                         "priced for one sequence at full length")
         template = None
@@ -181,6 +184,8 @@ def print_result(result: dict[str, Any], as_json: bool) -> None:
           f"over {result['peak_processes']} processes")
     if result.get("log"):
         return  # quiet: the patch states are in the log, and in --verbose / -o json
-    for w in result["worker"]:
+    ranks = len(result["worker"])
+    for rank, w in enumerate(result["worker"]):
         states = ", ".join(f"{k}={v}" for k, v in w["patches"].items())
-        print(f"worker pid {w['pid']}: patches {states}")
+        who = f"rank {rank} pid {w['pid']}" if ranks > 1 else f"worker pid {w['pid']}"
+        print(f"{who}: patches {states}")

@@ -52,6 +52,50 @@ class ServePlan:
     lines: list[str] = field(default_factory=list)  # what was chosen, and why
     describe: dict[str, Any] = field(default_factory=dict)
     gate: Any = None  # serving.gate.GateConfig, completed from vLLM's parsed arguments
+    headless: bool = False  # a node after the first: its ranks only, no API server
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """Ranks and machines: vLLM's multiprocess executor spread over ``nnodes`` machines that
+    meet at ``master_addr:master_port``; node 0 serves the API, the others run ``headless``."""
+    tensor: int = 1
+    pipeline: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.tensor < 1 or self.pipeline < 1:
+            raise ServeError("--tensor-parallel-size and --pipeline-parallel-size must be at least 1")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ServeError(f"--node-rank {self.node_rank} must be between 0 and --nnodes - 1 "
+                             f"({self.nnodes - 1})")
+        if self.nnodes > 1 and not self.master_addr:
+            raise ServeError("--nnodes > 1 needs --master-addr: the address of node 0 that "
+                             "every node can reach")
+
+    @property
+    def headless(self) -> bool:
+        return self.node_rank > 0
+
+    def flags(self) -> list[str]:
+        if self.nnodes == 1:
+            return []
+        argv = ["--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank),
+                "--master-addr", self.master_addr]
+        if self.master_port:
+            argv += ["--master-port", str(self.master_port)]
+        return argv + (["--headless"] if self.headless else [])
+
+    def explain(self) -> list[str]:
+        if self.nnodes == 1:
+            return []
+        port = self.master_port or "vLLM's default port"
+        role = ("headless: this node runs its ranks for node 0, which serves the API"
+                if self.headless else "node 0: serves the API once every node has joined")
+        return [f"node {self.node_rank} of {self.nnodes}, meeting at {self.master_addr}:{port}; {role}"]
 
 
 def port_holder(port: int) -> str | None:
@@ -144,7 +188,8 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
          dtype: str = "auto", priority: str = "speed", multiprocess: bool = False,
          tool_call_parser: str | None = None, chat_template: str | None = None,
          served_model_name: list[str] | None = None, api_key: str | None = None,
-         idle_exit_s: float | None = None, extra: list[str] | None = None) -> ServePlan:
+         idle_exit_s: float | None = None, extra: list[str] | None = None,
+         parallel: Parallel | None = None) -> ServePlan:
     from vllm_edge.models import store
     from vllm_edge.runtime import images, weight_path
     from vllm_edge.runtime.engine import edge_engine
@@ -154,12 +199,16 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
         raise ServeError(f"--idle-exit {idle_exit_s:g}: must be more than 0 seconds")
     path, wpath = weight_path.model_for_engine(model, priority, dtype)
     key = store.resolve_key(model).key if (model == "default" or model in store.MODELS) else None
+    par = parallel or Parallel()
     edge = edge_engine(path, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                       enforce_eager=enforce_eager, one_process=not multiprocess, server=True)
+                       enforce_eager=enforce_eager, one_process=not multiprocess, server=True,
+                       tensor_parallel_size=par.tensor, pipeline_parallel_size=par.pipeline,
+                       nnodes=par.nnodes)
     names = served_model_name or ([key, "default"] if key else [model])
     parser, template, tools_why = choose_tools(key, Path(path), tool_call_parser, chat_template)
 
     argv = vllm_flags(edge.kwargs)
+    argv += par.flags()
     argv += ["--served-model-name", *names, "--host", host, "--port", str(port)]
     if api_key:
         argv += ["--api-key", api_key]
@@ -192,6 +241,7 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
     lines = [f"model: {path}", *wpath.explain(), *edge.explain(),
              f"served model names: {', '.join(names)} (requests may use any of them)",
              f"tool calls: {tools_why}", *gate_lines]
+    lines += par.explain()
     if idle_exit_s:
         lines.append(f"idle exit: stops after {idle_exit_s:g} s without a request (--idle-exit)")
     if parser:
@@ -206,10 +256,11 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
                               for i, a in enumerate(argv)],
                 "image_limits": dataclasses.asdict(limits) if accepts else None,
                 "max_body_bytes": gate.body_cap}
-    return ServePlan(Path(path), names, host, port, argv, dict(edge.env), lines, describe, gate)
+    return ServePlan(Path(path), names, host, port, argv, dict(edge.env), lines, describe, gate,
+                     headless=par.headless)
 
 
-def run_vllm(p: ServePlan, sock: socket.socket) -> None:
+def run_vllm(p: ServePlan, sock: socket.socket | None) -> None:
     """Parse ``p.argv`` with vLLM's own serve parser and run its server on ``sock``."""
     import os
     import signal
@@ -236,6 +287,12 @@ def run_vllm(p: ServePlan, sock: socket.socket) -> None:
     configure_logging_from_args(args)
     validate_parsed_serve_args(args)
     validate_api_server_args(args)
+    if p.headless:
+        from vllm.entrypoints.cli.serve import run_headless
+
+        args.api_server_count = 0  # as `vllm serve --headless` sets it
+        run_headless(args)
+        return
     configure_gate(p, args)
     host = f"[{p.host}]" if ":" in p.host else p.host
     uvloop.run(run_server_worker(f"http://{host}:{p.port}", sock, args))
@@ -264,16 +321,20 @@ def configure_gate(p: ServePlan, args: Any) -> None:
 
 def main(model: str, **options: Any) -> int:
     host, port = options["host"], options["port"]
-    sock = bind(host, port)  # ServeError on a busy port, before any engine work
-    p = plan(model, **options)
-    for line in p.lines:
-        print(f"[vllm-edge] {line}", file=sys.stderr, flush=True)
-    print(f"[vllm-edge] listening on http://{host}:{port}/v1 once the engine is ready "
-          "(GET /health answers 200 then)", file=sys.stderr, flush=True)
+    par = options.get("parallel") or Parallel()
+    # ServeError on a busy port, before any engine work; a headless node serves no API
+    sock = None if par.headless else bind(host, port)
     try:
+        p = plan(model, **options)
+        for line in p.lines:
+            print(f"[vllm-edge] {line}", file=sys.stderr, flush=True)
+        if sock is not None:
+            print(f"[vllm-edge] listening on http://{host}:{port}/v1 once the engine is ready "
+                  "(GET /health answers 200 then)", file=sys.stderr, flush=True)
         run_vllm(p, sock)
     except KeyboardInterrupt:
         return 0
     finally:
-        sock.close()
+        if sock is not None:
+            sock.close()
     return 0

@@ -51,12 +51,25 @@ def gguf_context_length(path: Path) -> int | None:
     return int(fld.contents()) if fld is not None else None
 
 
-def llamacpp_generate(runner) -> speed.Generate:
+def llamacpp_generate(runner, json_schema: dict | None = None) -> speed.Generate:
     """Time one greedy run of ``max_tokens`` tokens per prompt, EOS ignored, from an
-    empty cache; several prompts decode together as one batch."""
+    empty cache; several prompts decode together as one batch. Under ``json_schema`` (one
+    prompt at a time) every token goes through llama.cpp's grammar sampler."""
+    grammar = None
+    if json_schema is not None:
+        import json
+
+        from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+        grammar = json_schema_to_gbnf(json.dumps(json_schema))
+
     def generate(prompts: list[list[int]], max_tokens: int) -> float:
+        if grammar is not None and len(prompts) != 1:
+            raise speed.SpeedArgError("--json-schema: the llama.cpp arm constrains one sequence at a time")
         t0 = time.perf_counter()
-        if len(prompts) == 1:
+        if grammar is not None:
+            outs = [runner.greedy_constrained(prompts[0], max_tokens, grammar)]
+        elif len(prompts) == 1:
             outs = [runner.greedy(prompts[0], max_tokens, eos=None)]
         else:
             outs = runner.greedy_batch(prompts, max_tokens)
@@ -70,8 +83,9 @@ def llamacpp_generate(runner) -> speed.Generate:
     return generate
 
 
-def build_label(path: Path, types: set[str], use_mmap: bool) -> str:
-    return f"{path.name} (llama.cpp {'/'.join(sorted(types))}{'' if use_mmap else ', no mmap'})"
+def build_label(path: Path, types: set[str], use_mmap: bool, json_schema: str | None = None) -> str:
+    js = f", JSON schema {json_schema}" if json_schema else ""
+    return f"{path.name} (llama.cpp {'/'.join(sorted(types))}{'' if use_mmap else ', no mmap'}{js})"
 
 
 def run(gguf: str | os.PathLike, cfg: speed.SpeedConfig, *, pinning: dict | None = None,
@@ -106,12 +120,13 @@ def run(gguf: str | os.PathLike, cfg: speed.SpeedConfig, *, pinning: dict | None
     memory["load_peak_rss_anon_mb"] = round(load_mem.peak_mb, 1)
     memory["after_load_rss_anon_mb"] = round(tree_rss_anon_mb()[0], 1)
     file_mb = round(rss_file_mb(), 1)
-    log(f"[llama.cpp] loaded in {load_s:.2f} s (import {import_s:.2f} s); {build_label(path, types, use_mmap)}")
+    log(f"[llama.cpp] loaded in {load_s:.2f} s (import {import_s:.2f} s); {build_label(path, types, use_mmap, cfg.json_schema)}")
 
     source = speed.TokenSource(runner.llm.tokenize(prompts.corpus_text().encode(), add_bos=False))
     batch_context = runner.batch.describe() if runner.batch else None
     with TreeSampler(interval=0.5) as bench_mem:
-        measured = speed.measure(llamacpp_generate(runner), cfg, source,
+        schema = speed.constraint_schema(cfg.json_schema) if cfg.json_schema else None
+        measured = speed.measure(llamacpp_generate(runner, schema), cfg, source,
                                  log=lambda s: log(f"[llama.cpp] {s}"))
     memory["bench_peak_rss_anon_mb"] = round(bench_mem.peak_mb, 1)
     runner.close()
@@ -119,7 +134,7 @@ def run(gguf: str | os.PathLike, cfg: speed.SpeedConfig, *, pinning: dict | None
     result = {
         "benchmark": "speed",
         "engine": "llama.cpp",
-        "build": build_label(path, types, use_mmap),
+        "build": build_label(path, types, use_mmap, cfg.json_schema),
         "model": str(path),
         "gguf_types": sorted(types),
         "config": {**asdict(cfg), "tg_prompt_len": speed.TG_PROMPT_LEN, "n_ctx": n_ctx,

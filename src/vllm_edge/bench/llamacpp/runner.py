@@ -30,6 +30,59 @@ def available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
+class GrammarGreedy:
+    """Greedy decoding under a GBNF grammar, as llama.cpp's own sampler does it (common
+    sampling, grammar not first): take the argmax of the raw logits and keep it when the
+    grammar accepts it; only when it does not, run the grammar over the whole vocabulary and
+    take the argmax of what is left. Same tokens as masking first, and most steps check one
+    token instead of every token (llama-cpp-python's ``create_completion`` masks first)."""
+
+    def __init__(self, model, grammar: str):
+        import ctypes
+
+        import llama_cpp
+
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        self.smpl = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+        if not self.smpl:
+            raise ValueError("llama.cpp rejected the grammar")
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
+        self._one = (llama_cpp.llama_token_data * 1)()
+        self._all = (llama_cpp.llama_token_data * self.n_vocab)()
+        self._all_np = np.frombuffer(self._all, dtype=[("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+        self._all_np["id"] = np.arange(self.n_vocab, dtype=np.int32)
+        self._byref = ctypes.byref
+        self.full_masks = 0  # steps where the argmax was rejected and the whole vocabulary checked
+
+    def _apply(self, data, size: int) -> None:
+        import llama_cpp
+
+        arr = llama_cpp.llama_token_data_array(data=data, size=size, selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(self.smpl, self._byref(arr))
+
+    def pick(self, logits: np.ndarray) -> int:
+        import llama_cpp
+
+        tok = int(np.argmax(logits))
+        self._one[0].id, self._one[0].logit, self._one[0].p = tok, float(logits[tok]), 0.0
+        self._apply(self._one, 1)
+        if self._one[0].logit == float("-inf"):  # rejected: mask everything, argmax again
+            self.full_masks += 1
+            self._all_np["logit"] = logits
+            self._all_np["p"] = 0.0
+            self._apply(self._all, self.n_vocab)
+            tok = int(np.argmax(self._all_np["logit"]))
+        llama_cpp.llama_sampler_accept(self.smpl, tok)
+        return tok
+
+    def close(self) -> None:
+        import llama_cpp
+
+        if self.smpl:
+            llama_cpp.llama_sampler_free(self.smpl)
+            self.smpl = None
+
+
 class LlamaCppRunner:
     def __init__(self, gguf: str | os.PathLike, *, n_ctx: int, threads: int | None = None,
                  all_logits: bool = False, use_mmap: bool = True, max_seqs: int = 1):
@@ -79,6 +132,23 @@ class LlamaCppRunner:
             if len(out) >= max_tokens or tok == eos:
                 return out
             self.llm.eval([tok])
+
+    def greedy_constrained(self, prompt: Sequence[int], max_tokens: int, grammar: str) -> list[int]:
+        """Argmax decoding under a GBNF ``grammar``, checked the way llama.cpp's own sampler
+        checks it (:class:`GrammarGreedy`)."""
+        self._check_len(len(prompt) + max_tokens)
+        picker = GrammarGreedy(self.llm.model, grammar)
+        try:
+            self.llm.reset()
+            self.llm.eval(list(prompt))
+            out: list[int] = []
+            while True:
+                out.append(picker.pick(self.last_logits()))
+                if len(out) >= max_tokens:
+                    return out
+                self.llm.eval([out[-1]])
+        finally:
+            picker.close()
 
     def greedy_batch(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:
         """Argmax decoding of several prompts together, ``max_tokens`` each (no EOS stop)."""

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from vllm_edge.cli.args import add_cpus, add_out, add_threads
+from vllm_edge.cli.args import add_cpus, add_json_schema, add_out, add_threads
 from vllm_edge.common.errors import EdgeError
 
 NAME = "llamacpp"
@@ -31,6 +31,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--no-mmap", action="store_true", help="read weights into anonymous memory")
+    add_json_schema(p)
     add_out(p)
 
 
@@ -45,8 +46,10 @@ def run(args: argparse.Namespace) -> int:
         model=args.gguf, prompt_len=args.prompt_len, tg_tokens=args.tg_tokens,
         context_lens=parse_int_list(args.context_len, "--context-len"),
         batches=parse_int_list(args.batch, "--batch"), reps=args.reps,
-        threads=args.threads, cpus=parse_int_list(args.cpus, "--cpus") or None,
-        dtype="gguf", warmup=not args.no_warmup)
+        threads=args.threads, cpus=parse_int_list(args.cpus, "--cpus", minimum=0) or None,
+        dtype="gguf", warmup=not args.no_warmup, json_schema=args.json_schema)
+    with reported(speed.SpeedArgError):
+        speed.validate(cfg)
     cores = core_set(cfg.cpus, cfg.threads, sorted(os.sched_getaffinity(0)))
     if not llamacpp_runner.available():
         raise EdgeError(llamacpp_runner.SKIP_REASON)

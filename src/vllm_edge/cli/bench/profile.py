@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         model=args.model, quant=args.quant, group=args.group, dtype=args.dtype,
         prompt_len=args.prompt_len, decode_tokens=args.decode_tokens, top=args.top,
         warmup=args.warmup, threads=args.threads,
-        cpus=parse_int_list(args.cpus, "--cpus") or None, max_model_len=args.max_model_len)
+        cpus=parse_int_list(args.cpus, "--cpus", minimum=0) or None, max_model_len=args.max_model_len)
     profile.validate(cfg)
     _, cores = model_and_cores(cfg.speed_config())
     pinning = pin_cores(cores, "profile")

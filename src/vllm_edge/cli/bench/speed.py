@@ -18,6 +18,7 @@ from vllm_edge.cli.args import (
     MODEL_HELP,
     add_cpus,
     add_group,
+    add_json_schema,
     add_model,
     add_out,
     add_quant,
@@ -59,6 +60,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-px", type=int, default=None, metavar="PX",
                    help="vision-language models: also time the prefill of one PX-by-PX image "
                         "(img{PX}_prefill_s) and tg with it in context (tg{N}_img_tps)")
+    add_json_schema(p)
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="split every layer over N ranks, one process each, the pinned cores "
+                        "shared between them (RssAnon per rank in the result)")
     add_out(p)
 
 
@@ -68,10 +73,11 @@ def config_from_args(args: argparse.Namespace) -> speed.SpeedConfig:
         context_lens=parse_int_list(args.context_len, "--context-len"),
         batches=parse_int_list(args.batch, "--batch"),
         reps=args.reps, threads=args.threads,
-        cpus=parse_int_list(args.cpus, "--cpus") or None,
+        cpus=parse_int_list(args.cpus, "--cpus", minimum=0) or None,
         enforce_eager=args.enforce_eager, dtype=args.dtype, max_model_len=args.max_model_len,
         warmup=not args.no_warmup, bandwidth=args.bandwidth, quant=args.quant, group=args.group,
-        image_px=args.image_px)
+        image_px=args.image_px, tensor_parallel_size=args.tensor_parallel_size,
+        json_schema=args.json_schema)
 
 
 def model_and_cores(cfg: speed.SpeedConfig) -> tuple[Path, list[int]]:

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     quant = None if args.quant == "none" else args.quant
     cfg = step.StepConfig(model=args.model, quant=quant, group=args.group, dtype=args.dtype,
                           steps=args.steps, warmup=args.warmup, enforce_eager=args.eager,
-                          threads=args.threads, cpus=parse_int_list(args.cpus, "--cpus") or None,
+                          threads=args.threads, cpus=parse_int_list(args.cpus, "--cpus", minimum=0) or None,
                           max_model_len=args.max_model_len, dispatch_calls=args.dispatch_calls)
     step.validate(cfg)
     path, cores = model_and_cores(cfg.speed_config())

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -180,25 +179,13 @@ def _serve(model: Path, core: int, log: Path, port: int, node_rank: int, master_
                             preexec_fn=lambda: os.sched_setaffinity(0, {core}))
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(30)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 @pytest.mark.parametrize("name", ["twin", "twin-int4"])
 def test_two_nodes_serve_one_model_through_node_zero(probe, models, name, tmp_path):
     """Two node processes on loopback, each pinned to its own core, TP=2 across them; the
     cpu_int4 build is served as stored (``--quant none``)."""
     import httpx
 
-    from vllm_edge.bench.soak import free_port
+    from vllm_edge.bench.soak import free_port, stop_server
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two cores, one per node")
@@ -227,7 +214,7 @@ def test_two_nodes_serve_one_model_through_node_zero(probe, models, name, tmp_pa
             texts.append(r.json()["choices"][0]["text"])
     finally:
         for n in nodes:
-            _stop(n)
+            stop_server(n)
     assert texts == probe(name, 1, 1, "float32")["texts"]
     for log in logs:  # each node's rank loaded the plugin in its own worker process
         text = log.read_text()

@@ -187,8 +187,7 @@ class LlamaCppChat:
         except BaseException:
             self.llm.close()
             raise
-        self._grammars: dict[str, Any] = {}
-        self._grammar_text: dict[str, str] = {}
+        self._grammars: dict[str, tuple[str, Any]] = {}  # tools -> (GBNF, its LlamaGrammar)
         self.grammar_s: float | None = None  # first grammar: GBNF built and parsed by llama.cpp
         self._calls = 0
 
@@ -202,7 +201,7 @@ class LlamaCppChat:
                 "n_ctx": self.n_ctx, "tool_choice": self.tool_choice,
                 "chat_template": self.template_source, "grammar_s": self.grammar_s}
 
-    def _grammar(self, tools: list[dict]):
+    def _grammar(self, tools: list[dict]) -> tuple[str, Any]:
         import llama_cpp
 
         key = json.dumps(tools, sort_keys=True)
@@ -215,8 +214,7 @@ class LlamaCppChat:
             if not probe:
                 raise ValueError("llama.cpp rejected the tool grammar")
             llama_cpp.llama_sampler_free(probe)
-            self._grammars[key] = llama_cpp.LlamaGrammar.from_string(text, verbose=False)
-            self._grammar_text[key] = text
+            self._grammars[key] = (text, llama_cpp.LlamaGrammar.from_string(text, verbose=False))
             if self.grammar_s is None:
                 self.grammar_s = round(time.perf_counter() - t, 4)
         return self._grammars[key]
@@ -227,9 +225,9 @@ class LlamaCppChat:
         if len(prompt) + self.max_tokens > self.n_ctx:
             raise ContextOverflow(f"This model's maximum context length is {self.n_ctx} tokens; the prompt "
                                   f"has {len(prompt)} and max_tokens is {self.max_tokens}")
-        grammar = self._grammar(tools) if tools else None
-        if grammar is not None and self.temperature == 0:
-            text, finish = self._greedy(prompt, self._grammar_text[json.dumps(tools, sort_keys=True)])
+        gbnf, grammar = self._grammar(tools) if tools else (None, None)
+        if gbnf is not None and self.temperature == 0:
+            text, finish = self._greedy(prompt, gbnf)
         else:
             # OpenAI's (and vLLM's) sampling defaults: no top-k, top-p or min-p cut; no seed, a fresh one
             seed = self.seed if self.seed is not None else random.getrandbits(32)
@@ -254,9 +252,8 @@ class LlamaCppChat:
         (the argmax first, the whole vocabulary only when it is rejected), reusing the cached
         prefix of the previous turn as ``create_completion`` does."""
         import llama_cpp
-        import numpy as np
 
-        from vllm_edge.bench.llamacpp.runner import GrammarGreedy
+        from vllm_edge.bench.llamacpp.runner import GrammarGreedy, last_logits
 
         llm = self.llm
         keep = 0
@@ -272,8 +269,7 @@ class LlamaCppChat:
         finish = "length"
         try:
             while len(out) < self.max_tokens:
-                logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(picker.n_vocab,))
-                tok = picker.pick(logits)
+                tok = picker.pick(last_logits(llm, picker.n_vocab))
                 if llama_cpp.llama_vocab_is_eog(vocab, tok):
                     finish = "stop"
                     break

@@ -30,6 +30,13 @@ def available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
+def last_logits(llm, n_vocab: int) -> np.ndarray:
+    """The logits of the last evaluated position of a ``llama_cpp.Llama`` (a view, no copy)."""
+    import llama_cpp
+
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
+
+
 class GrammarGreedy:
     """Greedy decoding under a GBNF grammar, as llama.cpp's own sampler does it (common
     sampling, grammar not first): take the argmax of the raw logits and keep it when the
@@ -115,10 +122,7 @@ class LlamaCppRunner:
             raise ValueError(f"{n} positions do not fit n_ctx={self.n_ctx}")
 
     def last_logits(self) -> np.ndarray:
-        import llama_cpp
-
-        ptr = llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        return last_logits(self.llm, self.n_vocab)
 
     def greedy(self, prompt: Sequence[int], max_tokens: int, eos: int | None = None) -> list[int]:
         """Argmax decoding; stops after ``eos`` if given (it is included)."""

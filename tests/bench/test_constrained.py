@@ -131,5 +131,41 @@ def test_the_serve_guide_table_renders_an_artifact(tmp_path):
     (tmp_path / "constrained" / "x.json").write_text(json.dumps(art))
     text = guide_tables.render_constrained(tmp_path, tmp_path / "docs" / "serve.md")
     line = next(ln for ln in text.splitlines() if "`json_schema`" in ln)
-    assert line.startswith("| cpu_int4 g32 | `json_schema` | 0.900 s | 0.300 s | 0.020 s | 0.010 s | 0.280 s |")
+    assert line.startswith("| vllm | cpu_int4 g32 | `json_schema` | 0.900 s | 0.300 s | 0.020 s | 0.010 s | 0.280 s |")
     assert "| 3/3 (100%) | 0/1 (0%) | auto: xgrammar | [x.json](../constrained/x.json) |" in line
+
+
+def _lrow(mode: str, kind: str, grammar: float | None, valid: bool = True) -> dict:
+    return {"mode": mode, "kind": kind, "grammar_s": grammar, "ttft_s": 0.5, "decode_tps": 80.0,
+            "verdict": "valid" if valid else "missing"}
+
+
+def test_llamacpp_rows_summarize_their_grammar_build_and_render_beside_vllm(tmp_path):
+    from vllm_edge.bench import guide_tables
+
+    rows = [_lrow("tool_required", "cold", 0.004), _lrow("tool_required", "warm", 0.001),
+            _lrow("tool_required", "warm", 0.002), _lrow("tool_required", "free", 0.003, valid=False)]
+    s = c.summarize(rows)["tool_required"]
+    assert "queue_s_median" not in s["cold"]
+    assert s["cold"]["grammar_s_median"] == 0.004 and s["warm"]["grammar_s_median"] == 0.0015
+    assert s["compile_s_estimate"] == 0.0025 and s["constrained_valid_rate"] == 1.0
+    art = {"benchmark": "constrained", "engine": "llamacpp", "model_root": "/g/smollm2.Q4_K_M.gguf",
+           "summary": c.summarize(rows),
+           "structured_outputs": {"setting": "llama.cpp GBNF", "json_schema_backend": "llama.cpp GBNF"}}
+    (tmp_path / "constrained").mkdir()
+    (tmp_path / "constrained" / "l.json").write_text(json.dumps(art))
+    line = next(ln for ln in guide_tables.render_constrained(tmp_path, tmp_path / "x.md").splitlines()
+                if "`tool_required`" in ln)
+    assert line.startswith("| llamacpp | smollm2.Q4_K_M.gguf | `tool_required` | – | 0.004 s | 0.002 s | 0.003 s |")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--engine", "llamacpp"], "--engine llamacpp needs --gguf FILE"),
+    (["--engine", "llamacpp", "--gguf", "x.gguf", "--base-url", "http://127.0.0.1:9"], "--base-url is for --engine vllm"),
+    (["--gguf", "x.gguf", "--base-url", "http://127.0.0.1:9"], "are for --engine llamacpp"),
+])
+def test_cli_refuses_mixed_engine_flags(argv, message, capsys):
+    from vllm_edge.cli import main
+
+    assert main(["bench", "constrained", *argv]) != 0
+    assert message in capsys.readouterr().err

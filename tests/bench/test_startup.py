@@ -1,7 +1,10 @@
 """bench startup's arithmetic on recorded timelines: offsets from process start, summed
-calls, the part of LLM() no phase covers, medians over passes."""
+calls, the part of LLM() no phase covers, medians over passes; the checkout each arm runs."""
 
 from __future__ import annotations
+
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +49,22 @@ def test_medians_over_passes_and_order():
 def test_a_timeline_without_the_run_is_named():
     with pytest.raises(startup.StartupError, match="interpreter"):
         startup.phases([_rec("LLM()", 0, 1)])
+
+
+def test_each_arm_records_the_checkout_it_runs(tmp_path):
+    from vllm_edge.common.provenance import repo_sha
+
+    here = startup.arm_source({})
+    assert Path(here["path"]).name == "vllm_edge" and here["git"] == repo_sha(Path(here["path"]))
+    # another checkout's source through PYTHONPATH, at its own commit
+    other = tmp_path / "src" / "vllm_edge"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "add", "."], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"],
+                   check=True)
+    sha = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert startup.arm_source({"PYTHONPATH": str(tmp_path / "src")}) == {"path": str(other), "git": sha}
+    (other / "__init__.py").write_text("# changed\n")
+    assert startup.arm_source({"PYTHONPATH": str(tmp_path / "src")})["git"] == sha + "-dirty"

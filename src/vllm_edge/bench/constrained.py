@@ -25,6 +25,10 @@ the engine core logs at start) tries xgrammar first and keeps it unless xgrammar
 schema (then guidance). The bench records that setting from the server log and runs vLLM's own
 xgrammar check on every ``json_schema`` schema it sent. Which native libraries a process has
 mapped proves nothing: vLLM imports xgrammar and guidance at server start.
+
+The same requests run on llama.cpp in this process (:class:`LlamaCppTarget`), so the two
+engines' grammar costs sit in one table: there the wait is the grammar build itself, timed
+before the prompt is evaluated.
 """
 
 from __future__ import annotations
@@ -221,20 +225,23 @@ def _median(xs: list[float | None]) -> float | None:
 
 
 def summarize(rows: list[dict]) -> dict:
+    """Per mode and kind: medians and verdicts. The grammar wait is vLLM's queue time on a
+    server, and the grammar build (``grammar_s``) measured in-process on llama.cpp."""
     out: dict[str, Any] = {}
+    wait = "queue_s" if any("queue_s" in r for r in rows) else "grammar_s"
     for mode in MODES:
         mine = [r for r in rows if r["mode"] == mode]
         by_kind = {}
         for kind in ("first", "cold", "warm", "free"):
             rs = [r for r in mine if r["kind"] == kind]
             by_kind[kind] = {"n": len(rs), "ttft_s_median": _median([r["ttft_s"] for r in rs]),
-                             "queue_s_median": _median([r["queue_s"] for r in rs]),
-                             "queue_s": [r["queue_s"] for r in rs],
+                             f"{wait}_median": _median([r.get(wait) for r in rs]),
+                             wait: [r.get(wait) for r in rs],
                              "decode_tps_median": _median([r["decode_tps"] for r in rs]),
                              "valid": sum(r["verdict"] == "valid" for r in rs),
                              "verdicts": _count(r["verdict"] for r in rs)}
-        cold, warm = by_kind["cold"]["queue_s_median"], by_kind["warm"]["queue_s_median"]
-        first = by_kind["first"]["queue_s_median"]
+        cold, warm = by_kind["cold"][f"{wait}_median"], by_kind["warm"][f"{wait}_median"]
+        first = by_kind["first"][f"{wait}_median"]
         out[mode] = {**by_kind,
                      # the compile itself: a new grammar's wait minus a cached grammar's wait
                      "compile_s_estimate": None if cold is None or warm is None else round(cold - warm, 4),
@@ -256,45 +263,180 @@ def _rate(by_kind: dict, kinds: tuple[str, ...]) -> float | None:
     return sum(by_kind[k]["valid"] for k in kinds) / n if n else None
 
 
-def run_against(base_url: str, server_log: str | Path | None, *, schemas: int = 4, repeats: int = 3,
-                modes: tuple[str, ...] = MODES, max_tokens: int = MAX_TOKENS, model: str = "default",
-                log=print) -> dict:
-    """Every mode: ``schemas`` fresh schemas, each sent cold, ``repeats`` times warm, once free.
-    ``server_log`` (the server's output) tells the backend setting."""
-    base_url = soak.require_loopback(base_url)
+def _rows(send, *, schemas: int, repeats: int, modes: tuple[str, ...], max_tokens: int, model: str,
+          log, wait_key: str, sent_schemas: list[dict] | None = None) -> list[dict]:
+    """Every mode: ``schemas`` fresh schemas, each sent cold, ``repeats`` times warm, once
+    free, through ``send(mode, kind, body) -> result``; one unconstrained request first, so
+    the target's own first-request costs stay out of the rows."""
     rows: list[dict] = []
-    sent_schemas: list[dict] = []
 
-    def send(mode: str, kind: str, nonce: str, index: int) -> None:
+    def one(mode: str, kind: str, nonce: str, index: int) -> None:
         body = request_body(mode, kind, nonce, secrets.token_hex(4), model, max_tokens)
-        if kind in ("first", "cold") and "response_format" in body:
+        if kind in ("first", "cold") and "response_format" in body and sent_schemas is not None:
             sent_schemas.append(body["response_format"]["json_schema"]["schema"])
-        r = stream_once(base_url, body)
+        r = send(mode, kind, body)
         r["verdict"] = verdict(mode, body, r["message"], r["finish_reason"], nonce)
         row = {"mode": mode, "kind": kind, "schema": index, **r}
         rows.append(row)
         if log:
-            log(f"{mode:13s} {kind:5s} schema {index}: ttft {r['ttft_s']} s, queue {r['queue_s']} s, "
+            log(f"{mode:13s} {kind:5s} schema {index}: ttft {r['ttft_s']} s, {wait_key} {r[wait_key]} s, "
                 f"{r['completion_tokens']} tokens, {row['verdict']}")
 
-    # one unconstrained request first: the server's own first-request costs stay out of the rows
-    stream_once(base_url, request_body("json_schema", "free", "warmup", "warmup", model, 8))
+    send("json_schema", "free", request_body("json_schema", "free", "warmup", "warmup", model, 8))
     first = True
     for mode in modes:
         for i in range(schemas):
             nonce = secrets.token_hex(4)
-            send(mode, "first" if first else "cold", nonce, i)
+            one(mode, "first" if first else "cold", nonce, i)
             first = False
             for _ in range(repeats):
-                send(mode, "warm", nonce, i)
-            send(mode, "free", nonce, i)
-    setting = backend_setting(Path(server_log).read_text(errors="replace")) if server_log else None
+                one(mode, "warm", nonce, i)
+            one(mode, "free", nonce, i)
     for r in rows:  # the text is evidence; keep it short
         msg = r.pop("message")
         r["output"] = (msg.get("content") or json.dumps(msg.get("tool_calls")))[:300]
+    return rows
+
+
+def run_against(base_url: str, server_log: str | Path | None, *, schemas: int = 4, repeats: int = 3,
+                modes: tuple[str, ...] = MODES, max_tokens: int = MAX_TOKENS, model: str = "default",
+                log=print) -> dict:
+    """:func:`_rows` against a server; ``server_log`` (the server's output) tells the backend
+    setting."""
+    base_url = soak.require_loopback(base_url)
+    sent_schemas: list[dict] = []
+    rows = _rows(lambda mode, kind, body: stream_once(base_url, body), schemas=schemas, repeats=repeats,
+                 modes=modes, max_tokens=max_tokens, model=model, log=log, wait_key="queue_s",
+                 sent_schemas=sent_schemas)
+    setting = backend_setting(Path(server_log).read_text(errors="replace")) if server_log else None
     return {"rows": rows, "summary": summarize(rows),
             "structured_outputs": {"setting": setting,
                                    "json_schema_backend": resolved_backend(setting, sent_schemas)}}
+
+
+class LlamaCppTarget:
+    """The same requests on llama.cpp in this process, as the agent suite's llama.cpp arm
+    serves them: the prompt rendered with the chat template serve would use, ``json_schema``
+    through llama-cpp-python's JSON-schema-to-GBNF converter, ``tool_required`` through the
+    hermes-block grammar of :func:`vllm_edge.agent.llamacpp_chat.tool_grammar` (``auto`` for
+    the free twin, as vLLM's ``auto`` still holds an opened ``<tool_call>`` to the format),
+    greedy decoding that checks the argmax against the grammar first.
+
+    llama.cpp has no compiled-grammar cache: every request parses its GBNF into a new sampler.
+    The warm requests reuse the GBNF text (kept here, as the agent chat keeps it), so a new
+    schema costs the conversion plus the parse and a cached one the parse alone; ``grammar_s``
+    is that time, spent before the prompt is evaluated.
+    """
+
+    def __init__(self, gguf: str | Path, *, chat_template: str | Path | None = None,
+                 n_threads: int | None = None, n_ctx: int = 2048):
+        from vllm_edge.agent import llamacpp_chat as lc
+
+        self.chat = lc.llamacpp_chat(gguf, n_ctx=n_ctx, n_threads=n_threads, chat_template=chat_template)
+        self._gbnf: dict[str, str] = {}
+
+    def describe(self) -> dict:
+        d = self.chat.describe()
+        d.pop("tool_choice", None)
+        d.pop("grammar_s", None)
+        return d
+
+    def _grammar_text(self, mode: str, kind: str, body: dict) -> str | None:
+        from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+        from vllm_edge.agent import llamacpp_chat as lc
+
+        if mode == "json_schema":
+            if kind == "free":
+                return None
+            schema = body["response_format"]["json_schema"]["schema"]
+            key = json.dumps(schema, sort_keys=True)
+            if key not in self._gbnf:
+                self._gbnf[key] = json_schema_to_gbnf(json.dumps(schema))
+        else:
+            choice = "auto" if kind == "free" else "required"
+            key = choice + json.dumps(body["tools"], sort_keys=True)
+            if key not in self._gbnf:
+                self._gbnf[key] = lc.tool_grammar(body["tools"], choice)
+        return self._gbnf[key]
+
+    def send(self, mode: str, kind: str, body: dict) -> dict:
+        import llama_cpp
+        import numpy as np
+
+        from vllm_edge.agent import llamacpp_chat as lc
+        from vllm_edge.bench.llamacpp.runner import GrammarGreedy, last_logits
+
+        llm, max_tokens = self.chat.llm, body["max_tokens"]
+        t0 = time.perf_counter()
+        gbnf = self._grammar_text(mode, kind, body)
+        picker = GrammarGreedy(llm.model, gbnf) if gbnf is not None else None
+        grammar_s = time.perf_counter() - t0 if picker is not None else None
+        try:
+            text = lc.render(self.chat.template, body["messages"], body.get("tools") or [])
+            prompt = llm.tokenize(text.encode(), add_bos=False, special=True)
+            llm.reset()
+            llm.eval(prompt)
+            vocab = llama_cpp.llama_model_get_vocab(llm.model)
+            n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
+            out: list[int] = []
+            ttft, finish = None, "length"
+            while len(out) < max_tokens:
+                logits = last_logits(llm, n_vocab)
+                tok = picker.pick(logits) if picker is not None else int(np.argmax(logits))
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+                if llama_cpp.llama_vocab_is_eog(vocab, tok):
+                    finish = "stop"
+                    break
+                out.append(tok)
+                llm.eval([tok])
+        finally:
+            if picker is not None:
+                picker.close()
+        total = time.perf_counter() - t0
+        reply = llm.detokenize(out).decode("utf-8", errors="replace")
+        if mode == "tool_required":
+            content, calls = lc.parse_reply(reply)
+            message = {"role": "assistant", "content": content,
+                       "tool_calls": [{"type": "function", "function": c} for c in calls]}
+        else:
+            message = {"role": "assistant", "content": reply}
+        n = len(out)
+        return {"ttft_s": None if ttft is None else round(ttft, 4), "total_s": round(total, 4),
+                "grammar_s": None if grammar_s is None else round(grammar_s, 5),
+                "prompt_tokens": len(prompt), "completion_tokens": n,
+                "decode_tps": (round((n - 1) / (total - ttft), 2)
+                               if n > 1 and ttft is not None and total > ttft else None),
+                "finish_reason": finish, "message": message}
+
+    def close(self) -> None:
+        self.chat.close()
+
+
+def run_llamacpp(gguf: str | Path, *, chat_template: str | Path | None = None, n_threads: int | None = None,
+                 out: str | None = None, label: str = "", schemas: int = 4, repeats: int = 3,
+                 modes: tuple[str, ...] = MODES, max_tokens: int = MAX_TOKENS, log=print) -> dict:
+    """The requests of :func:`run_against` on llama.cpp (:class:`LlamaCppTarget`); writes
+    ``out`` atomically with provenance."""
+    from vllm_edge.common import atomic, provenance
+
+    target = LlamaCppTarget(gguf, chat_template=chat_template, n_threads=n_threads)
+    try:
+        rows = _rows(target.send, schemas=schemas, repeats=repeats, modes=modes,
+                     max_tokens=max_tokens, model="default", log=log, wait_key="grammar_s")
+        engine = target.describe()
+    finally:
+        target.close()
+    result = {"rows": rows, "summary": summarize(rows),
+              "structured_outputs": {"setting": "llama.cpp GBNF", "json_schema_backend": "llama.cpp GBNF"},
+              "benchmark": "constrained", "label": label, "engine": "llamacpp", "model_root": str(gguf),
+              "config": {**engine, "schemas": schemas, "repeats": repeats, "modes": list(modes),
+                         "max_tokens": max_tokens},
+              "provenance": provenance.collect(model=str(gguf), threads=engine["n_threads"])}
+    if out:
+        atomic.write_json(out, result)
+    return result
 
 
 def run(model: str = "default", *, serve_args: list[str] | None = None, base_url: str | None = None,

@@ -62,6 +62,19 @@ def one_pass(model: str, *, max_tokens: int, run_flags: list[str], env: dict[str
     return {"result": result, "records": records, "wall_s": round(wall, 3)}
 
 
+def arm_source(env: dict[str, str]) -> dict[str, str | None]:
+    """Which vllm_edge an arm runs (its ``PYTHONPATH`` may point at another checkout) and the
+    commit that checkout is at."""
+    from vllm_edge.common.provenance import repo_sha
+
+    proc = subprocess.run([sys.executable, "-c", "import vllm_edge; print(vllm_edge.__file__)"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+    if proc.returncode != 0:
+        raise StartupError(f"arm environment {env}: cannot import vllm_edge: {proc.stderr[-400:]}")
+    where = Path(proc.stdout.strip().splitlines()[-1]).parent
+    return {"path": str(where), "git": repo_sha(where)}
+
+
 def phases(records: list[dict]) -> dict[str, dict[str, Any]]:
     """Per phase name: offset of its first start from process start, summed duration, calls
     and the RssAnon (MB) at its last end; plus the gap in ``LLM()`` no phase covers."""
@@ -160,7 +173,7 @@ def run(model: str = "default", *, passes: int = 5, arms: dict[str, dict[str, st
         "provenance": provenance.collect(model=None, threads=None),
     }
     for a in labels:
-        arm = {"env": arms[a], **summarize(done[a]),
+        arm = {"env": arms[a], "source": arm_source(arms[a]), **summarize(done[a]),
                "prime": {"ready_s": prime[a]["result"]["ready_s"], "wall_s": prime[a]["wall_s"]},
                "runs": [{"pass": p["pass"], "wall_s": p["wall_s"], "loadavg": p["loadavg"],
                          "result": {k: p["result"].get(k) for k in (

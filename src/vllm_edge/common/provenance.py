@@ -38,7 +38,11 @@ def versions() -> dict[str, str | None]:
 
 @lru_cache(maxsize=1)
 def _repo_sha() -> str | None:
-    here = Path(__file__).resolve().parent
+    return repo_sha(Path(__file__).resolve().parent)
+
+
+def repo_sha(here: Path) -> str | None:
+    """The git commit ``here`` is checked out at, ``-dirty`` when tracked files differ."""
     try:
         sha = subprocess.run(
             ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5

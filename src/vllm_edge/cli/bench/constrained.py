@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from vllm_edge.cli.args import add_out, add_weight_quant, weight_dtype
 
@@ -17,6 +18,9 @@ DESCRIPTION = ("Starts `vllm-edge serve MODEL` on a free loopback port (or uses 
                "time per request (vLLM's histogram: the grammar wait), whether each answer satisfies "
                "the constraint, and which structured-output backend compiled the json_schema grammars "
                "(the server's backend setting and vLLM's own xgrammar check on each schema). "
+               "With --engine llamacpp the same requests run on --gguf in this process, each "
+               "constraint a GBNF grammar, and the wait is the grammar build (conversion and "
+               "llama.cpp's parse). "
                "Exit 1 when a constrained answer is invalid or the backend is not xgrammar.")
 
 
@@ -34,6 +38,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default=None, help="a running server (loopback only)")
     p.add_argument("--server-log", default=None,
                    help="its log, to read its structured-output backend setting")
+    p.add_argument("--engine", choices=("vllm", "llamacpp"), default="vllm",
+                   help="vllm: a server; llamacpp: --gguf through llama-cpp-python in this process, "
+                        "the same requests with GBNF grammars")
+    p.add_argument("--gguf", default=None, help="with --engine llamacpp: the GGUF file to run")
+    p.add_argument("--chat-template", default=None,
+                   help="with --engine llamacpp: a Jinja chat template that writes hermes <tool_call> "
+                        "blocks (default: the one serve uses for the model, else the GGUF's own)")
+    p.add_argument("--threads", type=int, default=None, help="with --engine llamacpp: threads (default: our cores)")
     p.add_argument("--label", default="", help="free text stored in the artifact")
     add_out(p, default="benchmarks/results/constrained/constrained.json")
 
@@ -45,19 +57,35 @@ def run(args: argparse.Namespace) -> int:
     bad = [m for m in modes if m not in constrained.MODES]
     if bad:
         raise constrained.ConstrainedBenchError(f"unknown mode {bad[0]!r}; one of {', '.join(constrained.MODES)}")
+    if args.engine == "llamacpp":
+        if not args.gguf:
+            raise constrained.ConstrainedBenchError("--engine llamacpp needs --gguf FILE")
+        if args.base_url:
+            raise constrained.ConstrainedBenchError("--base-url is for --engine vllm; llama.cpp runs in this process")
+        result = constrained.run_llamacpp(args.gguf, chat_template=args.chat_template, n_threads=args.threads,
+                                          out=args.out, label=args.label or Path(args.gguf).name,
+                                          schemas=args.schemas, repeats=args.repeats, modes=modes,
+                                          max_tokens=args.max_tokens)
+        return _report(args, result, "grammar_s")
+    if args.gguf or args.chat_template or args.threads:
+        raise constrained.ConstrainedBenchError("--gguf, --chat-template and --threads are for --engine llamacpp")
     serve_args = ["--quant", args.quant] + (["--enforce-eager"] if args.enforce_eager else [])
     result = constrained.run(args.model, serve_args=serve_args, base_url=args.base_url,
                              server_log=args.server_log, out=args.out,
                              label=args.label or weight_dtype(args.quant), schemas=args.schemas,
                              repeats=args.repeats, modes=modes, max_tokens=args.max_tokens)
+    return _report(args, result, "queue_s")
+
+
+def _report(args: argparse.Namespace, result: dict, wait: str) -> int:
     for mode, s in result["summary"].items():
         print(json.dumps({"mode": mode, **{k: s[k] for k in ("compile_s_estimate", "first_s_estimate",
                                                              "constrained_valid_rate", "free_valid_rate")},
-                          **{f"{k}_queue_s_median": s[k]["queue_s_median"] for k in ("first", "cold", "warm", "free")},
+                          **{f"{k}_{wait}_median": s[k][f"{wait}_median"] for k in ("first", "cold", "warm", "free")},
                           **{f"{k}_ttft_s_median": s[k]["ttft_s_median"] for k in ("first", "cold", "warm", "free")}}))
     so = result["structured_outputs"]
     print(f"structured-output backend: setting {so['setting']}, json_schema grammars by {so['json_schema_backend']}")
     if args.out:
         print(f"wrote {args.out}")
     ok = all(s["constrained_valid_rate"] in (None, 1.0) for s in result["summary"].values())
-    return 0 if ok and so["json_schema_backend"] in (None, "xgrammar") else 1
+    return 0 if ok and so["json_schema_backend"] in (None, "xgrammar", "llama.cpp GBNF") else 1

@@ -66,7 +66,8 @@ _declare(
 )
 _declare(
     "VLLM_EDGE_PATCH_ARENA_RELEASE", "bool", True,
-    "Return freed heap to the OS after the worker's load_model and warm-up (patches/arena_release.py).",
+    "Return freed heap to the OS after the worker's load_model, its warm-up forward (before the KV "
+    "cache is allocated) and warm-up (patches/arena_release.py).",
     "tests/test_levers_engine.py and benchmarks/results/: RssAnon of the worker before and after.",
 )
 _declare(
@@ -129,6 +130,15 @@ _declare(
     "the next start (runtime/isa_probe.py).",
     "benchmarks/results/startup/: the `vector ISA probe` phase of a warm start, with and "
     "without the record.",
+)
+_declare(
+    "VLLM_EDGE_GC_FREEZE", "bool", True,
+    "At plugin load, move every object the process tracks into the garbage collector's "
+    "permanent generation (gc.freeze, as vLLM's own freeze_gc_heap does once the engine is "
+    "up), so the full collections vLLM runs on the way to ready skip the import-time heap "
+    "(runtime/gc_freeze.py). 0: only vLLM's own freeze.",
+    "benchmarks/results/startup/: a warm `run` start with and without it; tests/runtime/"
+    "test_gc_freeze.py: the import-time heap is frozen in every engine process.",
 )
 _declare(
     "VLLM_EDGE_TIMELINE", "path", None,

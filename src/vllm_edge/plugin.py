@@ -17,6 +17,7 @@ _lock = threading.Lock()
 _registered_pid: int | None = None
 _registrations: list[Registration] = []
 _isa_probe: str | None = None
+_gc_freeze: str | None = None
 
 
 def _setup_logging() -> None:
@@ -58,6 +59,10 @@ def register() -> None:
         for reg in [*quant.register(), *kernels.register(), *attention.register()]:
             if reg not in _registrations:
                 _registrations.append(reg)
+        from vllm_edge.runtime import gc_freeze
+
+        global _gc_freeze
+        _gc_freeze = gc_freeze.apply()  # last: everything the plugin imported is frozen too
         _registered_pid = os.getpid()
     logging.getLogger("vllm_edge").info(
         "plugin loaded: patches %s",
@@ -102,6 +107,7 @@ def process_report() -> dict:
         "registration_states": {r.name: r.state for r in _registrations},
         "ir_priority": _ir_priority(),
         "isa_probe": _isa_probe,
+        "gc_freeze": _gc_freeze,
     }
     try:  # proves "compiled nothing" vs "loaded the cached artifact"
         from dataclasses import asdict

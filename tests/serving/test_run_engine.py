@@ -26,6 +26,7 @@ def test_one_process_with_patches_applied(result):
     assert worker["pid"] == result["pid"]  # engine core and worker live in the run process
     assert set(worker["patches"].values()) == {"applied"}
     assert worker["isa_probe"] in ("recorded", "remembered", "failed-isa"), worker["isa_probe"]
+    assert worker["gc_freeze"].startswith("froze "), worker["gc_freeze"]
     assert result["engine"]["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
 
 

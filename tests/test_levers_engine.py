@@ -64,7 +64,7 @@ def test_without_the_patch_the_env_var_overrides(runs):
 
 def test_arena_release_runs_in_the_worker_and_logs_rss(runs):
     releases = runs["patched"]["worker"]["arena_releases"]
-    assert [r["tag"] for r in releases] == ["load_model", "compile_or_warm_up_model"]
+    assert [r["tag"] for r in releases] == ["load_model", "determine_available_memory", "compile_or_warm_up_model"]
     for r in releases:
         assert r["allocator"] in ("glibc", "tcmalloc") and r["before_mb"] > 100
         assert r["after_mb"] <= r["before_mb"] + 1

@@ -1,10 +1,13 @@
-"""Release allocator arenas after load and after warm-up (docs/design/patches.md).
+"""Release allocator arenas after load, after the warm-up forward and after warm-up
+(docs/design/patches.md).
 
 vLLM 0.32.0's CPU worker never returns freed heap memory to the OS: garbage
 from weight loading, repacking and compilation stays in the allocator's arenas
 and counts as resident anonymous memory for the life of the process. We call
 :func:`vllm_edge.runtime.memory.release_arenas` right after the worker's
-``load_model`` and ``compile_or_warm_up_model``.
+``load_model``, ``determine_available_memory`` (it runs the warm-up forward; releasing
+there, before the KV cache is allocated, keeps that garbage out of the start-up peak) and
+``compile_or_warm_up_model``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ PATCH = Patch(
     name="arena_release",
     target=(
         "vllm.v1.worker.cpu_worker:CPUWorker.load_model",
+        "vllm.v1.worker.cpu_worker:CPUWorker.determine_available_memory",
         "vllm.v1.worker.cpu_worker:CPUWorker.compile_or_warm_up_model",
     ),
     reason=(

@@ -24,7 +24,7 @@ DEFAULT_PROMPT = "What is the capital of France?"
 DEFAULT_SYSTEM = "You are a helpful assistant."
 # Tokens per engine step in this process: sizes vLLM's start-up dummy forward (the largest
 # phase of a warm start at vLLM's 4096, benchmarks/results/startup/); longer prompts chunk.
-RUN_BATCH_TOKENS = 512
+RUN_BATCH_TOKENS = 128
 
 
 def _histogram(metrics: list, name: str) -> tuple[int, float]:

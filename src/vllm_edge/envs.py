@@ -141,6 +141,14 @@ _declare(
     "test_gc_freeze.py: the import-time heap is frozen in every engine process.",
 )
 _declare(
+    "VLLM_EDGE_HIDE_TRITON", "bool", True,
+    "In `run`'s own process, mark an installed Triton without a CPU backend as absent before "
+    "torch is imported (runtime/triton_hide.py): vLLM disables such a Triton on CPU anyway, and "
+    "importing it and hashing it for Inductor cost time at every start. 0: import it as usual.",
+    "benchmarks/results/startup/: a warm `run` start with and without it; "
+    "tests/runtime/test_triton_hide.py: torch and vLLM import without it and `run` still answers.",
+)
+_declare(
     "VLLM_EDGE_TIMELINE", "path", None,
     "When set, every process appends its startup phases (interpreter, imports, config, "
     "tokenizer, weights, AOT load, KV allocation, warm-up, first token) to this JSONL file; "

@@ -48,6 +48,9 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
     from vllm_edge.runtime.engine import edge_engine
 
     started = process_start_epoch()
+    from vllm_edge.runtime import triton_hide
+
+    triton_state = triton_hide.hide()  # before anything here imports torch
     images = list(images or [])
     # Every image is read, checked and decoded before any model work, so a bad file costs
     # no engine start (ImageInputError is a ValueError: the CLI prints it and exits 2).
@@ -138,6 +141,7 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
             "token_ids": list(out.outputs[0].token_ids),
             "ready_s": round(ready_s, 3),
             "import_vllm_s": round(import_s, 3),
+            "triton": triton_state,
             "generate_s": round(gen_s, 3),
             "ttft_s": round(ttft_sum / ttft_n, 4) if ttft_n else None,
             "decode_tps": round(itl_n / itl_sum, 2) if itl_sum > 0 else None,

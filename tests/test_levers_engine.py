@@ -97,5 +97,5 @@ def test_no_signature_bind_per_step_with_the_slot_mapping_patch(runs):
 
 
 def test_vllm_still_freezes_the_startup_heap(runs):
-    # why the edge mode adds no GC lever of its own (docs/design/patches.md)
+    # why the edge mode freezes only for start-up (docs/design/patches.md)
     assert runs["patched"]["worker"]["gc_frozen_objects"] > 10_000

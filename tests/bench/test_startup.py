@@ -68,3 +68,24 @@ def test_each_arm_records_the_checkout_it_runs(tmp_path):
     assert startup.arm_source({"PYTHONPATH": str(tmp_path / "src")}) == {"path": str(other), "git": sha}
     (other / "__init__.py").write_text("# changed\n")
     assert startup.arm_source({"PYTHONPATH": str(tmp_path / "src")})["git"] == sha + "-dirty"
+
+
+def test_the_run_guide_table_names_each_arms_commit(tmp_path):
+    import json
+
+    from vllm_edge.bench import guide_tables
+
+    passes = [{"result": {"ready_s": 9.0 + i, "peak_tree_rss_anon_mb": 650.0, "peak_processes": 1},
+               "records": _records(), "wall_s": 14.0} for i in range(2)]
+    arm = {**startup.summarize(passes), "runs": [{**p, "loadavg": 1.0} for p in passes],
+           "met": {"ready_s": False, "peak_tree_rss_anon_mb": False}}
+    art = {"benchmark": "startup", "passes": 2, "model": "default", "arms": {
+        "before": {**arm, "env": {"PYTHONPATH": "/tmp/old/src"}, "source": {"path": "/tmp/old/src/vllm_edge",
+                                                                            "git": "abc1234def"}},
+        "after": {**arm, "env": {}, "source": {"path": "/x", "git": "0123456789-dirty"}},
+        "older": {**arm, "env": {}}}}
+    (tmp_path / "startup").mkdir()
+    (tmp_path / "startup" / "a.json").write_text(json.dumps(art))
+    text = guide_tables.render_startup(tmp_path, tmp_path / "run.md")
+    assert "| before | `PYTHONPATH=/tmp/old/src` | `abc1234` | 9.5 s (9.0–10.0) |" in text
+    assert "| after | – | `0123456` (dirty) |" in text and "| older | – | – |" in text

@@ -167,15 +167,17 @@ def render_startup(results_dir: Path, doc: Path) -> str:
                   f"`{d.get('model')}`{' ' + ' '.join(d.get('run_flags') or []) if d.get('run_flags') else ''}; "
                   f"load average {', '.join(str(round(r['loadavg'], 1)) for a in arms.values() for r in a.get('runs', [])[:1])} "
                   "at the first pass of each arm", ""]
-        head = ["arm", "environment", "ready from process start", "first token from process start",
+        head = ["arm", "environment", "vllm_edge at", "ready from process start", "first token from process start",
                 "peak tree RssAnon", "processes", "ready ≤ 8 s", "≤ 600 MB"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for label, a in arms.items():
             env = ", ".join(f"`{k}={v}`" for k, v in (a.get("env") or {}).items()) or "–"
             first = a.get("first_token_from_start_s_median")
             met = a.get("met") or {}
+            git = (a.get("source") or {}).get("git")
+            at = "–" if not git else f"`{git[:7]}`" + (" (dirty)" if git.endswith("-dirty") else "")
             lines.append("| " + " | ".join([
-                label, env, _range(a, "ready_s", "s"), "–" if first is None else f"{first:.1f} s",
+                label, env, at, _range(a, "ready_s", "s"), "–" if first is None else f"{first:.1f} s",
                 _range(a, "peak_tree_rss_anon_mb", "MB", 0), ", ".join(map(str, a.get("peak_processes") or [])),
                 "yes" if met.get("ready_s") else "no", "yes" if met.get("peak_tree_rss_anon_mb") else "no"]) + " |")
         names: list[str] = []

@@ -317,3 +317,19 @@ def test_only_a_repositorys_results_own_a_readme(tmp_path):
     plain = tmp_path / "README.md"
     plain.write_text("# no markers\n")
     assert report.splice_readme(REPO / RESULTS, plain) is False and plain.read_text() == "# no markers\n"
+
+
+def test_the_toolcalls_table_counts_violations_apart_from_cuts_and_timeouts(tmp_path):
+    cell = {"temperature": 1.0, "stream": True, "wall_s": 100.0,
+            "constrained_calls": {"tool_named": 7, "tool_required": 3},
+            "verdicts": {"tool_named": {"valid": 4, "length": 1, "missing": 1, "client_error:ReadTimeout": 1},
+                         "tool_required": {"valid": 2, "http_500": 1}, "tool_auto": {"auto": 5}}}
+    art = {"label": "L", "contract": "c", "config": {"model": "default", "serve_args": ["default", "--quant", "auto"]},
+           "model_root": "/m/smollm2-135m-cpu_int4-g32", "cells": [cell], "complete": False}
+    (tmp_path / "toolcalls").mkdir()
+    (tmp_path / "toolcalls" / "stress_x.json").write_text(json.dumps(art))
+    (tmp_path / "toolcalls" / "other.json").write_text(json.dumps(art))  # not a stress run: left out
+    text = guide_tables.render_toolcalls(tmp_path, tmp_path / "serve.md")
+    assert "| L | cpu_int4 g32, `--quant auto` | 1.0 | yes | 10 | 6 | 1 | 2 | 1 | 100 s |" in text
+    rows = [ln for ln in text.splitlines() if "stress_x.json" in ln]
+    assert len(rows) == 2 and "stopped before its last cell" in rows[1] and "other.json" not in text

@@ -160,8 +160,10 @@ def test_llamacpp_rows_summarize_their_grammar_build_and_render_beside_vllm(tmp_
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--engine", "llamacpp"], "--engine llamacpp needs --gguf FILE"),
-    (["--engine", "llamacpp", "--gguf", "x.gguf", "--base-url", "http://127.0.0.1:9"], "--base-url is for --engine vllm"),
+    (["--engine", "llamacpp"], "--engine llamacpp needs --gguf PATH"),
+    (["--engine", "llamacpp", "--gguf", "x.gguf"], "--gguf x.gguf: no such file"),
+    (["--engine", "llamacpp", "--gguf", "x.gguf", "--base-url", "http://127.0.0.1:9"],
+     "--engine llamacpp runs the GGUF in this process: no --base-url"),
     (["--gguf", "x.gguf", "--base-url", "http://127.0.0.1:9"], "are for --engine llamacpp"),
 ])
 def test_cli_refuses_mixed_engine_flags(argv, message, capsys):

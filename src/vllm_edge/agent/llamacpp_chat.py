@@ -251,9 +251,7 @@ class LlamaCppChat:
         """Greedy decoding under ``grammar`` the way llama.cpp's own sampler checks a grammar
         (the argmax first, the whole vocabulary only when it is rejected), reusing the cached
         prefix of the previous turn as ``create_completion`` does."""
-        import llama_cpp
-
-        from vllm_edge.bench.llamacpp.runner import GrammarGreedy, last_logits
+        from vllm_edge.bench.llamacpp.runner import GrammarGreedy, decode_until_eog
 
         llm = self.llm
         keep = 0
@@ -263,18 +261,9 @@ class LlamaCppChat:
             keep += 1
         llm.n_tokens = keep  # eval drops the cache past it
         llm.eval(prompt[keep:])
-        vocab = llama_cpp.llama_model_get_vocab(llm.model)
         picker = GrammarGreedy(llm.model, grammar)
-        out: list[int] = []
-        finish = "length"
         try:
-            while len(out) < self.max_tokens:
-                tok = picker.pick(last_logits(llm, picker.n_vocab))
-                if llama_cpp.llama_vocab_is_eog(vocab, tok):
-                    finish = "stop"
-                    break
-                out.append(tok)
-                llm.eval([tok])
+            out, finish, _ = decode_until_eog(llm, self.max_tokens, picker)
         finally:
             picker.close()
         return llm.detokenize(out).decode("utf-8", errors="replace"), finish

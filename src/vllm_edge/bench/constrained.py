@@ -361,11 +361,8 @@ class LlamaCppTarget:
         return self._gbnf[key]
 
     def send(self, mode: str, kind: str, body: dict) -> dict:
-        import llama_cpp
-        import numpy as np
-
         from vllm_edge.agent import llamacpp_chat as lc
-        from vllm_edge.bench.llamacpp.runner import GrammarGreedy, last_logits
+        from vllm_edge.bench.llamacpp.runner import GrammarGreedy, decode_until_eog
 
         llm, max_tokens = self.chat.llm, body["max_tokens"]
         t0 = time.perf_counter()
@@ -377,20 +374,8 @@ class LlamaCppTarget:
             prompt = llm.tokenize(text.encode(), add_bos=False, special=True)
             llm.reset()
             llm.eval(prompt)
-            vocab = llama_cpp.llama_model_get_vocab(llm.model)
-            n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
-            out: list[int] = []
-            ttft, finish = None, "length"
-            while len(out) < max_tokens:
-                logits = last_logits(llm, n_vocab)
-                tok = picker.pick(logits) if picker is not None else int(np.argmax(logits))
-                if ttft is None:
-                    ttft = time.perf_counter() - t0
-                if llama_cpp.llama_vocab_is_eog(vocab, tok):
-                    finish = "stop"
-                    break
-                out.append(tok)
-                llm.eval([tok])
+            out, finish, first = decode_until_eog(llm, max_tokens, picker)
+            ttft = None if first is None else first - t0
         finally:
             if picker is not None:
                 picker.close()

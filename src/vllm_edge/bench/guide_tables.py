@@ -31,14 +31,15 @@ STARTUP_MARKERS = ("<!-- startup-table:begin -->", "<!-- startup-table:end -->")
 PARALLEL_MARKERS = ("<!-- parallel-table:begin -->", "<!-- parallel-table:end -->")
 
 
-def _load(paths: list[Path], kind_key: str, kind: str) -> list[tuple[Path, dict]]:
+def _load(paths: list[Path], kind_key: str, kind: str | None) -> list[tuple[Path, dict]]:
+    """The JSON objects among ``paths`` whose ``kind_key`` is ``kind`` (None: has the key)."""
     out = []
     for p in sorted(paths):
         try:
             data = json.loads(p.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(data, dict) and data.get(kind_key) == kind:
+        if isinstance(data, dict) and (data.get(kind_key) == kind if kind is not None else kind_key in data):
             out.append((p, data))
     return out
 
@@ -150,14 +151,8 @@ def render_constrained(results_dir: Path, doc: Path) -> str:
 def render_toolcalls(results_dir: Path, doc: Path) -> str:
     """One row per cell of every `bench toolcalls` stress artifact (``stress_*.json``): the
     named/required contract under load."""
-    arts = []
-    for path in sorted((results_dir / "toolcalls").glob("stress_*.json")):
-        try:
-            d = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(d, dict) and "contract" in d and isinstance(d.get("cells"), list):
-            arts.append((path, d))
+    arts = [(p, d) for p, d in _load(list((results_dir / "toolcalls").glob("stress_*.json")), "contract", None)
+            if isinstance(d.get("cells"), list)]
     if not arts:
         return "No `bench toolcalls` artifacts yet.\n"
     head = ["run", "server", "T", "stream", "named + required sent", "valid", "cut at max_tokens",

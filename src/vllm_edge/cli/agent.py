@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from vllm_edge.cli.args import add_out, add_weight_quant, reported
+from vllm_edge.cli.args import add_llamacpp_engine, add_out, add_weight_quant, check_llamacpp_engine, reported
 from vllm_edge.common.errors import EdgeError
 
 NAME = "agent"
@@ -24,19 +24,9 @@ def run_suite(args: argparse.Namespace) -> int:
         tasks = select_tasks(args.tasks)
         variants = select_variants(args.variants)
         system_prompt = prompts.prompt(args.prompt)
-        if args.engine == "llamacpp":
-            if args.base_url or args.serve:
-                raise ValueError("--engine llamacpp runs the GGUF in this process: no --base-url or --serve")
-            if not args.gguf:
-                raise ValueError("--engine llamacpp needs --gguf PATH (the GGUF file to run)")
-            if not os.path.isfile(args.gguf):
-                raise ValueError(f"--gguf {args.gguf}: no such file")
-            if args.threads is not None and args.threads < 1:
-                raise ValueError(f"--threads {args.threads}: must be at least 1")
-            if args.n_ctx < 1:
-                raise ValueError(f"--n-ctx {args.n_ctx}: must be at least 1")
-        elif args.gguf or args.chat_template or args.threads is not None:
-            raise ValueError("--gguf, --chat-template and --threads are for --engine llamacpp")
+        check_llamacpp_engine(args, "--base-url or --serve", bool(args.base_url or args.serve))
+        if args.engine == "llamacpp" and args.n_ctx < 1:
+            raise ValueError(f"--n-ctx {args.n_ctx}: must be at least 1")
     if args.engine == "llamacpp":
         return _run_llamacpp(args, tasks, variants, system_prompt)
     with reported(ValueError):
@@ -159,15 +149,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     asub = p.add_subparsers(dest="agent_command", required=True)
     r = asub.add_parser("run", help="run tasks x variants x repeats against an OpenAI-compatible server, "
                                     "or on llama.cpp in this process")
-    r.add_argument("--engine", choices=("vllm", "llamacpp"), default="vllm",
-                   help="vllm: a server (--base-url or --serve); llamacpp: --gguf through "
-                        "llama-cpp-python in this process")
-    r.add_argument("--gguf", default=None, help="with --engine llamacpp: the GGUF file to run")
-    r.add_argument("--chat-template", default=None,
-                   help="with --engine llamacpp: a Jinja chat template that writes hermes <tool_call> blocks "
-                        "(default: the one serve uses for the model, else the GGUF's own)")
-    r.add_argument("--threads", type=int, default=None,
-                   help="with --engine llamacpp: threads (default: our cores)")
+    add_llamacpp_engine(r, "a server (--base-url or --serve)")
     r.add_argument("--n-ctx", type=int, default=2048,
                    help="with --engine llamacpp: context tokens (default %(default)s, serve's max_model_len)")
     r.add_argument("--base-url", default=None, help="a running server, e.g. http://127.0.0.1:8000/v1")

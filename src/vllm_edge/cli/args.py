@@ -71,6 +71,36 @@ def add_json_schema(p: argparse.ArgumentParser) -> None:
                         "characters, so a tg run never reaches the grammar's end")
 
 
+def add_llamacpp_engine(p: argparse.ArgumentParser, vllm_help: str) -> None:
+    """`agent run` and `bench constrained`: the same work on llama.cpp in this process."""
+    p.add_argument("--engine", choices=("vllm", "llamacpp"), default="vllm",
+                   help=f"vllm: {vllm_help}; llamacpp: --gguf through llama-cpp-python in this process")
+    p.add_argument("--gguf", default=None, help="with --engine llamacpp: the GGUF file to run")
+    p.add_argument("--chat-template", default=None,
+                   help="with --engine llamacpp: a Jinja chat template that writes hermes <tool_call> blocks "
+                        "(default: the one serve uses for the model, else the GGUF's own)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="with --engine llamacpp: threads (default: our cores)")
+
+
+def check_llamacpp_engine(args: argparse.Namespace, server_flags: str, has_server: bool) -> None:
+    """ValueError for flags of the other engine or a missing GGUF; ``has_server``: a server flag
+    (``server_flags``, for the message) was given."""
+    import os
+
+    if args.engine == "llamacpp":
+        if has_server:
+            raise ValueError(f"--engine llamacpp runs the GGUF in this process: no {server_flags}")
+        if not args.gguf:
+            raise ValueError("--engine llamacpp needs --gguf PATH (the GGUF file to run)")
+        if not os.path.isfile(args.gguf):
+            raise ValueError(f"--gguf {args.gguf}: no such file")
+        if args.threads is not None and args.threads < 1:
+            raise ValueError(f"--threads {args.threads}: must be at least 1")
+    elif args.gguf or args.chat_template or args.threads is not None:
+        raise ValueError("--gguf, --chat-template and --threads are for --engine llamacpp")
+
+
 def add_torch_dtype(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16", help="torch dtype of the engine (default %(default)s)")
 

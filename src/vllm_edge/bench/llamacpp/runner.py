@@ -90,6 +90,31 @@ class GrammarGreedy:
             self.smpl = None
 
 
+def decode_until_eog(llm, max_tokens: int,
+                     picker: GrammarGreedy | None = None) -> tuple[list[int], str, float | None]:
+    """Argmax tokens after what ``llm`` (a ``llama_cpp.Llama``) has evaluated, checked by
+    ``picker`` when given, until an end-of-generation token (not kept) or ``max_tokens``:
+    (tokens, "stop" or "length", ``perf_counter`` time of the first pick)."""
+    import time
+
+    import llama_cpp
+
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
+    out: list[int] = []
+    first = None
+    while len(out) < max_tokens:
+        logits = last_logits(llm, n_vocab)
+        tok = picker.pick(logits) if picker is not None else int(np.argmax(logits))
+        if first is None:
+            first = time.perf_counter()
+        if llama_cpp.llama_vocab_is_eog(vocab, tok):
+            return out, "stop", first
+        out.append(tok)
+        llm.eval([tok])
+    return out, "length", first
+
+
 class LlamaCppRunner:
     def __init__(self, gguf: str | os.PathLike, *, n_ctx: int, threads: int | None = None,
                  all_logits: bool = False, use_mmap: bool = True, max_seqs: int = 1):

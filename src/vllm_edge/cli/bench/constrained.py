@@ -6,7 +6,13 @@ import argparse
 import json
 from pathlib import Path
 
-from vllm_edge.cli.args import add_out, add_weight_quant, weight_dtype
+from vllm_edge.cli.args import (
+    add_llamacpp_engine,
+    add_out,
+    add_weight_quant,
+    check_llamacpp_engine,
+    weight_dtype,
+)
 
 NAME = "constrained"
 HELP = "cost of a decoding constraint on `serve`: grammar compile (new schema) vs cache vs none"
@@ -38,14 +44,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default=None, help="a running server (loopback only)")
     p.add_argument("--server-log", default=None,
                    help="its log, to read its structured-output backend setting")
-    p.add_argument("--engine", choices=("vllm", "llamacpp"), default="vllm",
-                   help="vllm: a server; llamacpp: --gguf through llama-cpp-python in this process, "
-                        "the same requests with GBNF grammars")
-    p.add_argument("--gguf", default=None, help="with --engine llamacpp: the GGUF file to run")
-    p.add_argument("--chat-template", default=None,
-                   help="with --engine llamacpp: a Jinja chat template that writes hermes <tool_call> "
-                        "blocks (default: the one serve uses for the model, else the GGUF's own)")
-    p.add_argument("--threads", type=int, default=None, help="with --engine llamacpp: threads (default: our cores)")
+    add_llamacpp_engine(p, "a server (started here, or --base-url)")
     p.add_argument("--label", default="", help="free text stored in the artifact")
     add_out(p, default="benchmarks/results/constrained/constrained.json")
 
@@ -57,18 +56,16 @@ def run(args: argparse.Namespace) -> int:
     bad = [m for m in modes if m not in constrained.MODES]
     if bad:
         raise constrained.ConstrainedBenchError(f"unknown mode {bad[0]!r}; one of {', '.join(constrained.MODES)}")
+    try:
+        check_llamacpp_engine(args, "--base-url", bool(args.base_url))
+    except ValueError as exc:
+        raise constrained.ConstrainedBenchError(str(exc)) from None
     if args.engine == "llamacpp":
-        if not args.gguf:
-            raise constrained.ConstrainedBenchError("--engine llamacpp needs --gguf FILE")
-        if args.base_url:
-            raise constrained.ConstrainedBenchError("--base-url is for --engine vllm; llama.cpp runs in this process")
         result = constrained.run_llamacpp(args.gguf, chat_template=args.chat_template, n_threads=args.threads,
                                           out=args.out, label=args.label or Path(args.gguf).name,
                                           schemas=args.schemas, repeats=args.repeats, modes=modes,
                                           max_tokens=args.max_tokens)
         return _report(args, result, "grammar_s")
-    if args.gguf or args.chat_template or args.threads:
-        raise constrained.ConstrainedBenchError("--gguf, --chat-template and --threads are for --engine llamacpp")
     serve_args = ["--quant", args.quant] + (["--enforce-eager"] if args.enforce_eager else [])
     result = constrained.run(args.model, serve_args=serve_args, base_url=args.base_url,
                              server_log=args.server_log, out=args.out,

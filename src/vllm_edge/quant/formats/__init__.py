@@ -1,0 +1,1 @@
+"""The weight-format registry: one module per format."""

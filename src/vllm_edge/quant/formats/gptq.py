@@ -1,0 +1,3 @@
+"""``gptq``: a symmetric GPTQ export for vLLM's own W4A8 (AMX) path."""
+
+NAME = "gptq"

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from vllm_edge.common import manifest
-from vllm_edge.models import cache, store, synthetic
+from vllm_edge.models import cache, child, resolver, store, synthetic
 from vllm_edge.models.synthetic import Shape
 
 AVX512 = json.dumps({"arch": "x86_64", "isa": ["avx512f"]})
@@ -53,7 +53,7 @@ def _no_child(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a cached build must not be prepared again")
 
-    monkeypatch.setattr(subprocess, "run", refuse)
+    monkeypatch.setattr(child, "run", refuse)
 
 
 def test_a_folder_is_quantized_once_and_cached_by_content(home, folder, tmp_path, monkeypatch):
@@ -73,7 +73,7 @@ def test_a_folder_is_quantized_once_and_cached_by_content(home, folder, tmp_path
     assert weight_path.model_for_engine(str(folder))[0] == path
     copy = tmp_path / "elsewhere"  # the same bytes under another path: the same build
     shutil.copytree(folder, copy)
-    assert store.ensure_model(str(copy)) == copy  # ensure_model alone resolves, never builds
+    assert resolver.ensure_model(str(copy)) == copy  # ensure_model alone resolves, never builds
     assert weight_path.model_for_engine(str(copy))[0] == path
 
 
@@ -184,10 +184,10 @@ def test_rm_refuses_what_is_not_a_build(home, tmp_path):
 
 def test_bench_and_fidelity_quantize_a_folder_when_asked(home, folder, made):
     """They resolve models through ensure_model with the scheme they measure."""
-    built = store.ensure_model(str(folder), "cpu_int4", 32)
+    built = resolver.ensure_model(str(folder), "cpu_int4", 32)
     assert built.parent == home / "models" / "hf" and manifest.problem(built) is None
-    assert store.ensure_model(str(folder)) == folder
-    assert store.ensure_model(str(made[0]), "cpu_int4", 32) == made[0]  # ours: as stored
+    assert resolver.ensure_model(str(folder)) == folder
+    assert resolver.ensure_model(str(made[0]), "cpu_int4", 32) == made[0]  # ours: as stored
 
 
 @pytest.fixture(scope="module")

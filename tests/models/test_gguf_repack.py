@@ -14,7 +14,7 @@ from support.cli_runner import run_cli
 from support.llamacpp import default_gguf
 from vllm_edge.common import manifest
 from vllm_edge.common.atomic import DestinationError
-from vllm_edge.models import gguf_repack
+from vllm_edge.models import child, gguf_repack, resolver
 from vllm_edge.models.gguf_repack import GgufRepackError, repack_gguf
 from vllm_edge.quant import pack, repack
 
@@ -268,8 +268,6 @@ def test_default_model_keeps_its_q4_1_codes(default_repacked_dir, default_int4_d
 # --- a GGUF file as a model argument --------------------------------------------------------
 
 def test_a_gguf_model_argument_is_repacked_once_and_cached_by_content(tmp_path, tiny_file, monkeypatch):
-    import subprocess
-
     from vllm_edge.models import store
     from vllm_edge.runtime import weight_path
 
@@ -286,10 +284,10 @@ def test_a_gguf_model_argument_is_repacked_once_and_cached_by_content(tmp_path, 
     def no_child(*a, **k):
         raise AssertionError("a cached build must not be prepared again")
 
-    monkeypatch.setattr(subprocess, "run", no_child)
+    monkeypatch.setattr(child, "run", no_child)
     copy = tmp_path / "copy.gguf"  # another path, the same bytes: the same build
     copy.write_bytes(tiny_file.read_bytes())
-    assert store.ensure_model(str(copy), "cpu_int4", 32) == path
+    assert resolver.ensure_model(str(copy), "cpu_int4", 32) == path
     monkeypatch.undo()
     monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("VLLM_EDGE_HW_PROFILE", json.dumps({"arch": "x86_64", "isa": ["avx512f"]}))
@@ -304,9 +302,9 @@ def test_a_gguf_model_argument_is_checked(tmp_path, tiny_file, monkeypatch):
 
     monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path / "home"))
     with pytest.raises(ModelNotAvailable, match=r"nope.gguf: no such GGUF file"):
-        store.ensure_model(str(tmp_path / "nope.gguf"), "cpu_int4", 32)
+        resolver.ensure_model(str(tmp_path / "nope.gguf"), "cpu_int4", 32)
     with pytest.raises(ModelNotAvailable, match=r"repacked at group 32 .*not 64"):
-        store.ensure_model(str(tiny_file), "cpu_int4", 64)
+        resolver.ensure_model(str(tiny_file), "cpu_int4", 64)
     with pytest.raises(ModelNotAvailable, match=r"has no gptq build"):
-        store.ensure_model(str(tiny_file), "gptq", 64 // 2)
+        resolver.ensure_model(str(tiny_file), "gptq", 64 // 2)
     assert not (tmp_path / "home" / "models").exists()

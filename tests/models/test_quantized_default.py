@@ -10,7 +10,7 @@ import json
 import pytest
 
 from vllm_edge.common import manifest
-from vllm_edge.models import store, synthetic
+from vllm_edge.models import child, resolver, store, synthetic
 
 
 @pytest.fixture
@@ -62,23 +62,19 @@ def test_a_new_source_is_quantized_again(fake_bf16, monkeypatch):
 
 
 def test_run_quantizes_in_a_child_process_only_when_needed(fake_bf16, monkeypatch):
-    import subprocess
-
+    """The first use builds in a spawned child (a real one: the quantizer runs there, on the
+    bf16 directory on disk); a second use finds the build and starts nothing."""
     monkeypatch.setattr(store, "source_gguf", lambda m: "x.gguf")
-    calls = []
-
-    def child(cmd, **kwargs):  # the child would quantize; here it only records the command
-        calls.append(cmd)
-        return subprocess.CompletedProcess(cmd, 0)
-
-    monkeypatch.setattr(subprocess, "run", child)
-    target = store.ensure_model("default", "cpu_int4", 32)
+    target = resolver.ensure_model("default", "cpu_int4", 32)
     assert target == store.quantized_dir(store.resolve_key("default"))
-    assert calls and calls[0][-6:] == ["prepare", "default", "--quant", "cpu_int4", "--group", "32"]
-    store.prepare_quantized("default", progress=False)
-    calls.clear()
-    assert store.ensure_model("default", "cpu_int4", 32) == target
-    assert calls == []
+    assert store.quantized_ready("default", "cpu_int4", 32) and manifest.problem(target) is None
+    assert manifest.read(target)["source"] == str(fake_bf16)
+
+    def no_child(*a, **k):
+        raise AssertionError("a cached build must not be prepared again")
+
+    monkeypatch.setattr(child, "run", no_child)
+    assert resolver.ensure_model("default", "cpu_int4", 32) == target
 
 
 def test_cli_prepare_quant(fake_bf16, capsys):
@@ -90,10 +86,10 @@ def test_cli_prepare_quant(fake_bf16, capsys):
 
 
 def test_a_failed_first_use_prepare_is_a_clear_error(fake_bf16, monkeypatch):
-    import subprocess
-
+    """The child's own error comes back as one message naming what was prepared, and nothing
+    is cached: here the quantizer, in the child, refuses a group it does not write."""
     monkeypatch.setattr(store, "source_gguf", lambda m: "x.gguf")
-    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 3))
-    with pytest.raises(store.ModelNotAvailable, match=r"preparing default failed \(`vllm-edge models "
-                                                      r"prepare default --quant cpu_int4 --group 64` exited 3\)"):
-        store.ensure_model("default", "cpu_int4", 64)
+    with pytest.raises(store.ModelNotAvailable, match=r"preparing default failed: group 256 is not "
+                                                      r"supported.*nothing was cached"):
+        resolver.ensure_model("default", "cpu_int4", 256)
+    assert not store.quantized_dir(store.resolve_key("default"), "cpu_int4", 256).exists()

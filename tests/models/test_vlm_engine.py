@@ -152,7 +152,7 @@ def int4_vision_run(image):
     from vllm_edge.models import store, vlm
 
     text = store.prepare("default", progress=False)
-    return run_image(str(vlm.prepare_quantized(text, quantize_vision=True, progress=False)), image)
+    return run_image(str(vlm.prepare_quantized(text, "cpu_int4", quantize_vision=True, progress=False)), image)
 
 
 def test_run_image_runs_cpu_int4(int4_run, vllm_runs):

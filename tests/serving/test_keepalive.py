@@ -68,3 +68,27 @@ def test_a_parallel_server_is_not_reused_for_one_rank():
     assert keepalive.server_key("default", "auto", (1, 1)) == one
     assert len({one, keepalive.server_key("default", "auto", (2, 1)),
                 keepalive.server_key("default", "auto", (1, 2))}) == 3
+
+
+def test_the_server_starts_from_the_serving_entry_point_and_its_error_is_shown(tmp_path, monkeypatch):
+    """No engine: the model does not exist, so the server process (started from
+    serving/keepalive_server, not the CLI) stops at once with its error, which the parent
+    reports with the log's tail; no record is left behind."""
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path / "home"))
+    said = []
+    with pytest.raises(keepalive.KeepAliveError, match=r"(?s)exited with 2 before it was ready.*"
+                                                        r"no-such-model: no such model directory"):
+        keepalive.ensure("no-such-model", "auto", 60, {"max_model_len": 512}, say=said.append)
+    assert said and "starting a model server for no-such-model" in said[0]
+    assert not list(keepalive.state_dir().glob("*.json"))
+
+
+def test_the_entry_point_reads_serve_options():
+    from vllm_edge.serving import keepalive_server
+    from vllm_edge.serving.serve import Parallel
+
+    opts = keepalive_server.options_from_json(json.dumps(
+        {"model": "default", "port": 1234, "parallel": {"tensor": 2, "pipeline": 1}}))
+    assert opts["parallel"] == Parallel(2, 1) and opts["port"] == 1234
+    with pytest.raises(ValueError, match="at least 'model'"):
+        keepalive_server.options_from_json("[]")

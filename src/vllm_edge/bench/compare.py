@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vllm_edge import envs
+from vllm_edge.quant.formats.cpu_int4 import NAME as CPU_INT4
 from vllm_edge.quant.groups import DEFAULT_GROUP
 
 # (vLLM build, llama.cpp build) pairs ratios are quoted for; the first two are the goals'.
@@ -141,7 +142,7 @@ def builds(model: str = "default", synthetic_1b: bool = False) -> dict[str, Path
             raise store.ModelNotAvailable(f"{model}: no such GGUF file")
         sha = gguf_import.sha256_file(file)
         key = f"gguf-{sha[:16]}"
-        out = {"vllm-bf16": store.gguf_build_dir(sha, None), "vllm-cpu_int4": store.gguf_build_dir(sha, "cpu_int4")}
+        out = {"vllm-bf16": store.gguf_build_dir(sha, None), "vllm-cpu_int4": store.gguf_build_dir(sha, CPU_INT4)}
     elif is_user_model(model):
         from vllm_edge.quant.quantize import read_source_config
 
@@ -149,11 +150,11 @@ def builds(model: str = "default", synthetic_1b: bool = False) -> dict[str, Path
         read_source_config(src)  # a bf16 folder of a supported architecture; names what is not
         sha = store.folder_sha256(src)
         key = f"hf-{sha[:16]}"
-        out = {"vllm-bf16": src, "vllm-cpu_int4": store.folder_build_dir(sha, "cpu_int4", DEFAULT_GROUP)}
+        out = {"vllm-bf16": src, "vllm-cpu_int4": store.folder_build_dir(sha, CPU_INT4, DEFAULT_GROUP)}
     else:
         m = store.resolve_key(model)
         key, bf16 = m.key, store.prepared_dir(m)
-        out = {"vllm-bf16": bf16, "vllm-cpu_int4": store.quantized_dir(m, "cpu_int4", DEFAULT_GROUP)}
+        out = {"vllm-bf16": bf16, "vllm-cpu_int4": store.quantized_dir(m, CPU_INT4, DEFAULT_GROUP)}
     bf16_gguf = gguf_dir(key) / f"{key}.bf16.gguf"
     out["llamacpp-BF16"] = bf16_gguf
     if file is not None:
@@ -193,18 +194,18 @@ def prepare(model: str = "default", synthetic_1b: bool = False, progress: bool =
                             tokenizer_from=store.prepare("default", progress=progress), progress=progress)
         for name, group in (("vllm-cpu_int4", DEFAULT_GROUP), ("vllm-cpu_int4-g64", 64)):
             if name in paths and not (paths[name] / "config.json").exists():
-                quantize_model(bf16, paths[name], scheme="cpu_int4", group=group, progress=progress)
+                quantize_model(bf16, paths[name], scheme=CPU_INT4, group=group, progress=progress)
     elif store.is_gguf(model):
         store.ensure_gguf(model, None)  # the llama.cpp BF16 export is made from it
         if "vllm-cpu_int4" in paths:
-            store.ensure_gguf(model, "cpu_int4")
+            store.ensure_gguf(model, CPU_INT4)
     elif is_user_model(model):
         if "vllm-cpu_int4" in paths:
-            store.prepare_folder(every["vllm-bf16"], "cpu_int4", DEFAULT_GROUP, progress=progress)
+            store.prepare_folder(every["vllm-bf16"], CPU_INT4, DEFAULT_GROUP, progress=progress)
     else:
         store.prepare(model, progress=progress)
         if "vllm-cpu_int4" in paths:
-            store.prepare_quantized(model, "cpu_int4", DEFAULT_GROUP, progress=progress)
+            store.prepare_quantized(model, CPU_INT4, DEFAULT_GROUP, progress=progress)
     bf16_gguf = every["llamacpp-BF16"]
     # the file arm alone needs the BF16 export only as the fidelity reference (a full run)
     need_bf16 = any(k.startswith("llamacpp-") and k != FILE_ARM for k in paths) or \

@@ -31,13 +31,13 @@ def _first_byte(argv: list[str], timeout_s: float = 600) -> tuple[float, float, 
 
 
 def run(model: str = "default", *, passes: int = 7, keep_alive: str = "10m",
-        serve_flags: list[str] | None = None, out: str | None = None) -> dict[str, Any]:
+        enforce_eager: bool = False, out: str | None = None) -> dict[str, Any]:
     from vllm_edge.common import atomic, provenance
     from vllm_edge.serving import keepalive
 
     t = time.time()
     rec, started = keepalive.ensure(model, "auto", keepalive.parse_duration(keep_alive),
-                                    serve_flags or [])
+                                    {"enforce_eager": enforce_eager})
     ready_s = time.time() - t
     argv = [*CLI, "run", "--model", model, "--prompt", PROMPT, "--keep-alive", keep_alive]
     warm = _first_byte(argv)
@@ -64,7 +64,7 @@ def run(model: str = "default", *, passes: int = 7, keep_alive: str = "10m",
                 "with a warm keep-alive server; `vllm-edge --help` wall; medians over passes",
         "model": model, "passes": passes, "prompt": PROMPT,
         "server": {"pid": rec.pid, "port": rec.port, "started_here": started,
-                   "ready_s": round(ready_s, 1), "serve_flags": serve_flags or []},
+                   "ready_s": round(ready_s, 1), "serve_flags": ["--enforce-eager"] if enforce_eager else []},
         "run_first_token_s_median": med(runs, "first_token_s"),
         "run_wall_s_median": med(runs, "wall_s"),
         "help_wall_s_median": med(helps, "wall_s"),

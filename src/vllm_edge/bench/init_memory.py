@@ -44,7 +44,7 @@ def child(model: str, max_model_len: int = 2048, context_len: int = 1024, multip
                         multiprocess=multiprocess, enforce_eager=enforce_eager, kv_gib=kv_gib,
                         no_release=not release)
     if not os.path.isdir(a.model):
-        from vllm_edge.models.store import ensure_model
+        from vllm_edge.models.resolver import ensure_model
 
         a.model = str(ensure_model(a.model))
 
@@ -106,7 +106,7 @@ def run(model: str = "default", reps: int = 1, context_len: int = 1024, max_mode
         extra_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     if context_len > max_model_len:
         raise UsageError(f"--context-len {context_len} is larger than --max-model-len {max_model_len}")
-    from vllm_edge.models.store import ensure_model
+    from vllm_edge.models.resolver import ensure_model
 
     path = ensure_model(model)
     prov = provenance.collect(model=path, extra={"bench": "init-memory"})

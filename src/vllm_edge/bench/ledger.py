@@ -185,7 +185,7 @@ def bench(model: str = "default", context_len: int = 1024, max_model_len: int = 
         raise UsageError(f"--context-len {context_len} is larger than --max-model-len {max_model_len}")
     from vllm_edge.bench import WORKER_EXTENSION
     from vllm_edge.common import atomic, provenance
-    from vllm_edge.models.store import ensure_model
+    from vllm_edge.models.resolver import ensure_model
     from vllm_edge.runtime.engine import edge_engine
 
     path = ensure_model(model)

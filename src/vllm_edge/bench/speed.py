@@ -446,7 +446,7 @@ def model_max_len(path: Path) -> int | None:
 def model_path(cfg: SpeedConfig) -> Path:
     """The directory to load: a path, an embedded model, or its ``--quant`` build."""
     from vllm_edge.models import store
-    from vllm_edge.models.store import ensure_model
+    from vllm_edge.models.resolver import ensure_model
 
     if cfg.quant and not (cfg.model == "default" or cfg.model in store.MODELS or store.is_gguf(cfg.model)):
         raise SpeedArgError(f"--quant {cfg.quant} needs an embedded model name, not {cfg.model!r}; "

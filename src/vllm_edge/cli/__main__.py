@@ -4,4 +4,5 @@ import sys
 
 from vllm_edge.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # spawned children may import this module again
+    sys.exit(main())

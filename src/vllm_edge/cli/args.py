@@ -9,10 +9,12 @@ import importlib
 from typing import Iterator
 
 from vllm_edge.common.errors import EdgeError
+from vllm_edge.quant import formats
 from vllm_edge.quant.groups import DEFAULT_GROUP, GROUPS
 
 MODEL_HELP = "'default', an embedded key, a GGUF file, or a model directory"
-QUANT_SCHEMES = ("cpu_int4", "gptq")
+# every weight format of the registry
+QUANT_SCHEMES = formats.names()
 
 
 def add_model(p: argparse.ArgumentParser, default: str | None = "default", help: str = MODEL_HELP,

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from vllm_edge.cli.args import QUANT_SCHEMES, add_group, add_quant, reported
+from vllm_edge.quant import formats
 from vllm_edge.quant.groups import DEFAULT_GROUP
 
 NAME = "quantize"
@@ -16,8 +17,9 @@ _BITS = {32: "5.0", 64: "4.5", 128: "4.25"}
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="source safetensors model directory (bf16/fp16/fp32)")
     p.add_argument("dst", help="output directory (written atomically)")
-    add_quant(p, choices=QUANT_SCHEMES, default="cpu_int4",
-              help="cpu_int4 (default) or gptq (symmetric, for vLLM's own W4A8 path)")
+    add_quant(p, choices=QUANT_SCHEMES, default=formats.DEFAULT,
+              help="; ".join(f"{f.name}{' (default)' if f.name == formats.DEFAULT else ''}: {f.summary}"
+                             for f in formats.all_formats()))
     sizes = ", ".join(f"{g} = {b}" + (" (default)" if g == DEFAULT_GROUP else "")
                       for g, b in _BITS.items())
     add_group(p, help=f"input columns per scale, bits/weight: {sizes}; 32 matches a Q4_1 "

@@ -87,13 +87,11 @@ def client(args: argparse.Namespace, keep_s: float) -> int:
     prompt = args.prompt
     if prompt is None and not interactive:
         prompt = sys.stdin.read().strip() or DEFAULT_PROMPT
-    flags = ["--max-model-len", str(args.max_model_len), "--priority", args.priority]
-    flags += ["--enforce-eager"] if args.enforce_eager else []
+    options = {"max_model_len": args.max_model_len, "priority": args.priority,
+               "enforce_eager": args.enforce_eager}
     ranks = (args.tensor_parallel_size, args.pipeline_parallel_size)
-    if ranks != (1, 1):
-        flags += ["--tensor-parallel-size", str(ranks[0]), "--pipeline-parallel-size", str(ranks[1])]
     t0 = time.time()
-    rec, new = keepalive.ensure(args.model, args.quant, keep_s, flags, ranks=ranks,
+    rec, new = keepalive.ensure(args.model, args.quant, keep_s, options, ranks=ranks,
                                 say=lambda m: print(f"[vllm-edge] {m}", file=sys.stderr))
     how = f"started, ready in {time.time() - t0:.1f} s" if new else "reused"
     name = keepalive.served_name(rec)

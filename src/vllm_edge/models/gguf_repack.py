@@ -31,6 +31,7 @@ from typing import Any
 from vllm_edge.common import atomic, manifest
 from vllm_edge.models import gguf_import
 from vllm_edge.models.gguf_import import GgufImportError
+from vllm_edge.quant.formats import cpu_int4
 
 logger = logging.getLogger("vllm_edge.models")
 
@@ -135,7 +136,7 @@ def repack_gguf(src: str | os.PathLike, out: str | os.PathLike, *, requantize: b
 
 def wanted(source_sha256: str, *, requantize: bool = True, keep_embedding: bool = False) -> dict:
     """The manifest fields a repack of that source with those options carries (the cache key)."""
-    return {"source_sha256": source_sha256, "converter": CONVERTER_VERSION, "scheme": "cpu_int4",
+    return {"source_sha256": source_sha256, "converter": CONVERTER_VERSION, "scheme": cpu_int4.NAME,
             "group_size": GROUP, "requantize": requantize, "keep_embedding": keep_embedding}
 
 
@@ -160,7 +161,8 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
     from tqdm import tqdm
 
     from vllm_edge.quant import pack, repack
-    from vllm_edge.quant.quantize import cpu_int4_config, mean_bits_per_weight, snr_db
+    from vllm_edge.quant.formats.cpu_int4 import quantization_config as cpu_int4_config
+    from vllm_edge.quant.quantize import mean_bits_per_weight, snr_db
 
     started = time.time()
     config, gen_config, tok = _read_config(src)

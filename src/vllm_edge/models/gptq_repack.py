@@ -27,6 +27,7 @@ from typing import Any
 from vllm_edge.common import atomic
 from vllm_edge.common import manifest as manifest_file
 from vllm_edge.common.errors import EdgeError
+from vllm_edge.quant.formats import cpu_int4
 
 logger = logging.getLogger("vllm_edge.models")
 
@@ -126,9 +127,9 @@ def repack_gptq(src: str | os.PathLike, out: str | os.PathLike, *, force: bool =
     from tqdm import tqdm
 
     from vllm_edge.quant import gptq_repack
+    from vllm_edge.quant.formats.cpu_int4 import quantization_config as cpu_int4_config
     from vllm_edge.quant.quantize import (
         QuantizeError,
-        cpu_int4_config,
         load_ref,
         mean_bits_per_weight,
         tensor_refs,
@@ -205,7 +206,7 @@ def repack_gptq(src: str | os.PathLike, out: str | os.PathLike, *, force: bool =
         (tmp / "config.json").write_text(json.dumps(new_config, indent=2) + "\n")
         (tmp / REPORT_NAME).write_text(json.dumps(summary, indent=2) + "\n")
         manifest_file.write(tmp, {"converter": CONVERTER_VERSION, "source": str(src),
-                                  "scheme": "cpu_int4", "group_size": target,
+                                  "scheme": cpu_int4.NAME, "group_size": target,
                                   "gptq_group_size": gq["group_size"], "sym": gq["sym"],
                                   "checkpoint_format": gq["checkpoint_format"], **(manifest or {})})
     return out

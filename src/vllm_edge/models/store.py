@@ -12,7 +12,9 @@ from typing import Any
 
 from vllm_edge import envs
 from vllm_edge.common import atomic, manifest
-from vllm_edge.common.errors import EdgeError
+from vllm_edge.models import child
+from vllm_edge.models.errors import ModelNotAvailable  # noqa: F401  (re-exported)
+from vllm_edge.quant import formats
 from vllm_edge.quant.groups import DEFAULT_GROUP
 
 
@@ -41,8 +43,6 @@ DEFAULT = "smollm2-135m"
 logger = logging.getLogger("vllm_edge.models")
 
 
-class ModelNotAvailable(EdgeError):
-    pass
 
 
 def resolve_key(name: str) -> EmbeddedModel:
@@ -79,7 +79,7 @@ def prepare(name: str = DEFAULT, *, force: bool = False, progress: bool = True) 
     return import_gguf(source_gguf(model), prepared_dir(model), force=force, progress=progress)
 
 
-def quantized_dir(model: EmbeddedModel, scheme: str = "cpu_int4", group: int = DEFAULT_GROUP) -> Path:
+def quantized_dir(model: EmbeddedModel, scheme: str = formats.DEFAULT, group: int = DEFAULT_GROUP) -> Path:
     return envs.home() / "models" / f"{model.key}-{scheme}-g{group}"
 
 
@@ -92,7 +92,7 @@ def _quant_manifest(bf16: Path, scheme: str, group: int) -> dict:
             "scheme": scheme, "group_size": group}
 
 
-def quantized_ready(name: str = DEFAULT, scheme: str = "cpu_int4", group: int = DEFAULT_GROUP) -> bool:
+def quantized_ready(name: str = DEFAULT, scheme: str = formats.DEFAULT, group: int = DEFAULT_GROUP) -> bool:
     """Cheap check (sizes, and hashes of the small files only): is a complete checkpoint
     from the current quantizer cached?"""
     from vllm_edge.quant.quantize import CONVERTER_VERSION
@@ -104,14 +104,15 @@ def quantized_ready(name: str = DEFAULT, scheme: str = "cpu_int4", group: int = 
             and manifest.problem(out) is None)
 
 
-def prepare_quantized(name: str = DEFAULT, scheme: str = "cpu_int4", group: int = DEFAULT_GROUP, *,
-                      force: bool = False, progress: bool = True) -> Path:
-    """Quantize the embedded model once (after its bf16 conversion); later calls return
-    the cached directory. The manifest ties it to the bf16 source and the quantizer."""
+def prepare_quantized(name: str = DEFAULT, scheme: str = formats.DEFAULT, group: int = DEFAULT_GROUP, *,
+                      force: bool = False, progress: bool = True, bf16: str | None = None) -> Path:
+    """Quantize the embedded model once (after its bf16 conversion, or from ``bf16``, its
+    complete conversion); later calls return the cached directory. The manifest ties it to
+    the bf16 source and the quantizer."""
     from vllm_edge.quant.quantize import quantize_model
 
     model = resolve_key(name)
-    bf16 = prepare(name, progress=progress)
+    bf16 = Path(bf16) if bf16 else prepare(name, progress=progress)
     want = _quant_manifest(bf16, scheme, group)
     out = quantized_dir(model, scheme, group)
     return atomic.build_once(out, want, lambda: quantize_model(
@@ -121,7 +122,7 @@ def prepare_quantized(name: str = DEFAULT, scheme: str = "cpu_int4", group: int 
 
 def repacked_dir(model: EmbeddedModel, keep_embedding: bool = False) -> Path:
     suffix = "-bf16-embedding" if keep_embedding else ""
-    return envs.home() / "models" / f"{model.key}-cpu_int4-g{DEFAULT_GROUP}-repack{suffix}"
+    return envs.home() / "models" / f"{model.key}-{formats.DEFAULT}-g{DEFAULT_GROUP}-repack{suffix}"
 
 
 def prepare_repacked(name: str = DEFAULT, *, keep_embedding: bool = False, force: bool = False,
@@ -144,31 +145,29 @@ def is_gguf(name: str) -> bool:
 def gguf_build_dir(source_sha256: str, scheme: str | None) -> Path:
     """Where a GGUF file's build is cached: keyed by its content, not its name or path (the
     manifest names the file it was made from)."""
-    kind = f"cpu_int4-g{DEFAULT_GROUP}-repack" if scheme else "bf16"
+    kind = f"{formats.DEFAULT}-g{DEFAULT_GROUP}-repack" if scheme else "bf16"
     return envs.home() / "models" / "gguf" / f"{source_sha256[:16]}-{kind}"
 
 
 def ensure_gguf(name: str, scheme: str | None = None) -> Path:
-    """The build of a GGUF file an engine loads: ``cpu_int4`` repacks it (its 4-bit codes
+    """The build of a GGUF file an engine loads: the default format repacks it (its 4-bit codes
     kept, other formats quantized again), ``None`` imports it in bf16. Built once, in a child
     process, and cached under ``VLLM_EDGE_HOME`` by the file's sha256 and the converter."""
-    import sys
-
     from vllm_edge.models import gguf_import, gguf_repack
 
     src = Path(name).expanduser().resolve()
     if not src.is_file():
         raise ModelNotAvailable(f"{name}: no such GGUF file")
-    if scheme not in (None, "cpu_int4"):
-        raise ModelNotAvailable(f"{name}: a GGUF file runs as cpu_int4 (repacked) or bf16; it has no "
-                                f"{scheme} build")
+    if scheme not in (None, formats.DEFAULT):
+        raise ModelNotAvailable(f"{name}: a GGUF file runs as {formats.DEFAULT} (repacked) or bf16; it "
+                                f"has no {scheme} build")
     sha = gguf_import.sha256_file(src)
     out = gguf_build_dir(sha, scheme)
     want = (gguf_repack.wanted(sha) if scheme else
             {"source_sha256": sha, "converter": gguf_import.CONVERTER_VERSION})
     if manifest.mismatch(out, want) is not None:
-        cmd = [sys.executable, "-m", "vllm_edge.cli", "models", "import-gguf", str(src), str(out)]
-        _prepare_in_child(cmd + (["--repack"] if scheme else []), name)
+        target = "vllm_edge.models.gguf_repack:repack_gguf" if scheme else "vllm_edge.models.gguf_import:import_gguf"
+        child.run(target, name, src=str(src), out=str(out))
     return out
 
 
@@ -183,7 +182,7 @@ def is_edge_build(path: str | Path) -> bool:
     return bool(manifest.read(path))
 
 
-def _quant_method(path: Path) -> str | None:
+def quant_method(path: Path) -> str | None:
     """The ``quant_method`` a folder's config declares (``"?"`` when it declares one oddly)."""
     import json
 
@@ -198,15 +197,14 @@ def _quant_method(path: Path) -> str | None:
     return str(qc.get("quant_method", "?")).lower() if isinstance(qc, dict) else "?"
 
 
-def _declares_quantization(path: Path) -> bool:
-    return _quant_method(path) is not None
-
-
 def is_gptq_folder(path: str | Path) -> bool:
-    """A GPTQ or AWQ checkpoint folder: its 4-bit codes are repacked into cpu_int4, not
-    requantized."""
+    """A quantized checkpoint folder whose codes a weight format keeps (GPTQ, AWQ): repacked,
+    not requantized."""
     p = Path(path).expanduser()
-    return p.is_dir() and not is_edge_build(p) and _quant_method(p) in ("gptq", "awq")
+    if not p.is_dir() or is_edge_build(p):
+        return False
+    method = quant_method(p)
+    return method is not None and formats.taking(method) is not None
 
 
 def _folder_files(src: Path) -> list[Path]:
@@ -258,12 +256,12 @@ class _Route:
 
 
 def _route(src: Path, scheme: str, group: int) -> _Route:
-    """A GPTQ or AWQ folder is repacked into cpu_int4 at its own group (so the group is not in
-    the name); any other folder is quantized at ``group``."""
-    if scheme == "cpu_int4" and is_gptq_folder(src):
+    """A GPTQ or AWQ folder is repacked into a format that keeps its codes, at its own group (so
+    the group is not in the name); any other folder is quantized at ``group``."""
+    if is_gptq_folder(src) and formats.get(scheme).takes(quant_method(src)):
         from vllm_edge.models import gptq_repack
 
-        return _Route("cpu_int4-gptq",
+        return _Route(f"{scheme}-gptq",
                       {"converter": f"{gptq_repack.CONVERTER_VERSION}+{FOLDER_CONVERTER}", "scheme": scheme},
                       gptq_repack.read_gptq_config,
                       lambda out, want, force, progress: gptq_repack.repack_gptq(
@@ -296,7 +294,7 @@ def cached_folder_build(src: Path, scheme: str, group: int) -> Path | None:
     return None
 
 
-def prepare_folder(path: str | Path, scheme: str = "cpu_int4", group: int = DEFAULT_GROUP, *,
+def prepare_folder(path: str | Path, scheme: str = formats.DEFAULT, group: int = DEFAULT_GROUP, *,
                    force: bool = False, progress: bool = True) -> Path:
     """Build a model folder once (a GPTQ or AWQ folder repacked, any other quantized); later
     calls return the cached build. Keyed by the folder's content hash and the converter, so a
@@ -316,8 +314,6 @@ def prepare_folder(path: str | Path, scheme: str = "cpu_int4", group: int = DEFA
 def ensure_folder(name: str, scheme: str, group: int | None = None) -> Path:
     """The build an engine loads for a model folder: quantized on first use in a child
     process (its memory never counts here), cached under ``VLLM_EDGE_HOME/models/hf``."""
-    import sys
-
     group = group or DEFAULT_GROUP
     src = Path(name).expanduser().resolve()
     hit = cached_folder_build(src, scheme, group)
@@ -329,72 +325,54 @@ def ensure_folder(name: str, scheme: str, group: int | None = None) -> Path:
     if manifest.mismatch(out, route.want) is None:
         return out
     try:
-        _prepare_in_child([sys.executable, "-m", "vllm_edge.cli", "models", "prepare", str(src),
-                           "--quant", scheme, "--group", str(group)], name)
+        child.run("vllm_edge.models.store:prepare_folder", name, path=str(src), scheme=scheme, group=group)
     except ModelNotAvailable as exc:
         raise ModelNotAvailable(f"{exc}; `--quant none` runs the folder as stored") from None
     return out
 
 
-def ensure_model(name: str, scheme: str | None = None, group: int | None = None) -> Path:
-    """The directory an engine loads for ``name`` ('default', an embedded key, a GGUF file or a
-    model directory; a bf16 folder from elsewhere is quantized when ``scheme`` is given).
-
-    An embedded model is converted (and quantized, when ``scheme`` is given) on first use,
-    in a child process: its memory never counts in this process's RssAnon, and its progress
-    bars go to this process's stderr. Later calls return the cached directory."""
-    import sys
-
+def prepare_vlm(scheme: str | None = None, group: int = DEFAULT_GROUP, *, quantize_vision: bool = False,
+                force: bool = False) -> Path:
+    """Build the default VLM around the converted default model once (quantized when ``scheme``
+    is given); later calls return the cached directory."""
     from vllm_edge.models import vlm
 
-    parsed = vlm.parse_key(name)
-    if parsed:
-        # A named build (smolvlm-135m-cpu_int4-g64[-vision]) runs as named; the bare key
-        # takes the scheme chosen by the caller.
-        vision = parsed[2]
-        if parsed[0]:
-            scheme, group = parsed[0], parsed[1]
-        group = group or DEFAULT_GROUP
-        if not (vlm.ready(scheme, group, vision) if scheme else vlm.ready()):
-            source_gguf(resolve_key("default"))
-            cmd = [sys.executable, "-m", "vllm_edge.cli", "models", "build-vlm"]
-            if scheme:
-                cmd += ["--quant", scheme, "--group", str(group),
-                        "--quantize-vision" if vision else "--no-quantize-vision"]
-            _prepare_in_child(cmd, name)
-        return vlm.quantized_dir(scheme, group, vision) if scheme else vlm.prepared_dir()
-    if is_gguf(name):
-        if scheme and group not in (None, DEFAULT_GROUP):
-            raise ModelNotAvailable(f"{name}: a GGUF file is repacked at group {DEFAULT_GROUP} (its "
-                                    f"blocks' width), not {group}")
-        return ensure_gguf(name, scheme)
-    if not (name == "default" or name in MODELS):
-        path = resolve_model_path(name)
-        if scheme and path.is_dir() and not is_edge_build(path) and (
-                not _declares_quantization(path) or (scheme == "cpu_int4" and is_gptq_folder(path))):
-            return ensure_folder(str(path), scheme, group)
-        return path
+    if scheme:
+        return vlm.prepare_quantized(prepare("default"), scheme, group, quantize_vision=quantize_vision,
+                                     force=force)
+    return vlm.prepare(prepare("default"), force=force)
+
+
+def ensure_vlm(scheme: str | None, group: int, vision: bool) -> Path:
+    """The default VLM's build (bf16 when ``scheme`` is None), made on first use in a child
+    process around the converted default model."""
+    from vllm_edge.models import vlm
+
+    if not (vlm.ready(scheme, group, vision) if scheme else vlm.ready()):
+        source_gguf(resolve_key("default"))  # clear error if the package is missing
+        child.run("vllm_edge.models.store:prepare_vlm", vlm.KEY, scheme=scheme, group=group,
+                  quantize_vision=vision)
+    return vlm.quantized_dir(scheme, group, vision) if scheme else vlm.prepared_dir()
+
+
+def ensure_embedded(name: str, scheme: str | None = None, group: int | None = None) -> Path:
+    """An embedded model's build: converted (and quantized, when ``scheme`` is given) on first
+    use in a child process; later calls return the cached directory."""
     model = resolve_key(name)
+    group = group or DEFAULT_GROUP
     if scheme:
         if not quantized_ready(name, scheme, group):
             source_gguf(model)  # clear error if the package is missing
-            _prepare_in_child([sys.executable, "-m", "vllm_edge.cli", "models", "prepare", name,
-                               "--quant", scheme, "--group", str(group)], name)
+            # a complete bf16 conversion is quantized as it is; otherwise the child converts first
+            bf16 = prepared_dir(model)
+            child.run("vllm_edge.models.store:prepare_quantized", name, name=name, scheme=scheme,
+                      group=group, bf16=str(bf16) if manifest.problem(bf16) is None else None)
         return quantized_dir(model, scheme, group)
     target = prepared_dir(model)
     if manifest.problem(target) is not None:
         source_gguf(model)
-        _prepare_in_child([sys.executable, "-m", "vllm_edge.cli", "models", "prepare", name], name)
+        child.run("vllm_edge.models.store:prepare", name, name=name)
     return target
-
-
-def _prepare_in_child(cmd: list[str], name: str) -> None:
-    import subprocess
-
-    rc = subprocess.run(cmd).returncode
-    if rc != 0:
-        raise ModelNotAvailable(f"preparing {name} failed (`vllm-edge {' '.join(cmd[3:])}` exited {rc}); "
-                                "its error is printed above, and nothing was cached")
 
 
 def resolve_model_path(name: str) -> Path:

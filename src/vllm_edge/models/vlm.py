@@ -26,6 +26,7 @@ from typing import Iterator
 
 from vllm_edge import envs
 from vllm_edge.common import atomic, manifest
+from vllm_edge.quant import formats
 from vllm_edge.quant.groups import DEFAULT_GROUP
 
 CONVERTER_VERSION = "vlm/1"
@@ -256,18 +257,27 @@ def prepared_dir() -> Path:
     return envs.home() / "models" / f"{KEY}-bf16"
 
 
-def quantized_dir(scheme: str = "cpu_int4", group: int = DEFAULT_GROUP, quantize_vision: bool = False) -> Path:
+def vision_formats() -> list[str]:
+    """The weight formats a VLM can be built in (the registry's ``vision`` formats)."""
+    return [f.name for f in formats.all_formats() if f.vision]
+
+
+def quantized_dir(scheme: str, group: int = DEFAULT_GROUP, quantize_vision: bool = False) -> Path:
     tag = "-vision" if quantize_vision else ""
     return envs.home() / "models" / f"{KEY}-{scheme}-g{group}{tag}"
 
 
 def parse_key(name: str) -> tuple[str | None, int, bool] | None:
-    """``smolvlm-135m`` -> (None, 64, False); ``smolvlm-135m-cpu_int4-g{32,64,128}[-vision]`` ->
-    ("cpu_int4", 64, vision); anything else -> None. The names are the cache directories'."""
+    """``smolvlm-135m`` -> (None, 64, False); ``smolvlm-135m-FORMAT-gGROUP[-vision]`` (a vision
+    format of the registry at one of its groups) -> (FORMAT, GROUP, vision); anything else ->
+    None. The names are the cache directories'."""
     if name == KEY:
         return None, 64, False
-    m = re.fullmatch(re.escape(KEY) + r"-cpu_int4-g(32|64|128)(-vision)?", name)
-    return ("cpu_int4", int(m.group(1)), bool(m.group(2))) if m else None
+    names = "|".join(map(re.escape, vision_formats()))
+    m = re.fullmatch(re.escape(KEY) + rf"-({names})-g(\d+)(-vision)?", name)
+    if not m or int(m.group(2)) not in formats.get(m.group(1)).groups:
+        return None
+    return m.group(1), int(m.group(2)), bool(m.group(3))
 
 
 def prepare(text: Path, *, force: bool = False) -> Path:
@@ -292,15 +302,15 @@ def ready(quant: str | None = None, group: int = DEFAULT_GROUP, quantize_vision:
     return manifest.mismatch(quantized_dir(quant, group, quantize_vision), want) is None
 
 
-def prepare_quantized(text: Path, scheme: str = "cpu_int4", group: int = DEFAULT_GROUP, *,
+def prepare_quantized(text: Path, scheme: str, group: int = DEFAULT_GROUP, *,
                       quantize_vision: bool = False, force: bool = False, progress: bool = True) -> Path:
     """Quantize the default VLM once: the language model's linears, embedding and head,
     and the vision tower's linears only when ``quantize_vision``."""
     from vllm_edge.quant.quantize import CONVERTER_VERSION as QV
     from vllm_edge.quant.quantize import quantize_model
 
-    if scheme != "cpu_int4":
-        raise ValueError(f"the VLM supports --quant cpu_int4 only, got {scheme!r}")
+    if scheme not in vision_formats():
+        raise ValueError(f"the VLM supports --quant {' or '.join(vision_formats())} only, got {scheme!r}")
     bf16 = prepare(text)
     out = quantized_dir(scheme, group, quantize_vision)
     base = manifest.read(bf16)

@@ -17,8 +17,7 @@ from vllm.model_executor.layers.quantization.base_config import (
 )
 
 from vllm_edge.quant import ops
-
-NAME = "cpu_int4"
+from vllm_edge.quant.formats.cpu_int4 import NAME
 GROUP_SIZES = (32, 64, 128, 256)
 logger = logging.getLogger("vllm_edge.quant")
 

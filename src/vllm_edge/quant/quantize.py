@@ -25,10 +25,10 @@ from vllm_edge.common import atomic
 from vllm_edge.common.errors import EdgeError
 from vllm_edge.common.manifest import NAME as MANIFEST_NAME
 from vllm_edge.common.manifest import write as write_manifest
-from vllm_edge.quant import gptq, pack
+from vllm_edge.quant import formats, pack
+from vllm_edge.quant.formats import cpu_int4
 from vllm_edge.quant.groups import DEFAULT_GROUP, GROUPS  # noqa: F401  (GROUPS re-exported)
 
-SCHEMES = ("cpu_int4", "gptq")
 # 32 reproduces a llama.cpp Q4_1 source's blocks (asymmetric, 32 wide); 64 halves the scale bytes
 REPORT_NAME = "quantization_report.json"
 # Bump when the output of a scheme changes, so cached checkpoints are redone.
@@ -129,20 +129,6 @@ def _shape(ref: tuple[Path, str]) -> tuple[int, ...]:
         return tuple(h.get_slice(ref[1]).get_shape())
 
 
-def _encode_cpu_int4(t: torch.Tensor, group: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    q, scale, zero = pack.quantize(t, group)
-    packed = pack.pack_nibbles(q)
-    tensors = {"weight_packed": packed, "weight_scale": scale.contiguous(),
-               "weight_zero": zero.contiguous()}
-    return tensors, pack.dequantize_plain(packed, scale, zero, group)
-
-
-def _encode_gptq(t: torch.Tensor, group: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    q, scale = gptq.quantize_sym(t, group)
-    tensors = gptq.pack(q, scale, group)
-    return tensors, gptq.dequantize(tensors)
-
-
 def _text_config(config: dict) -> dict:
     return config.get("text_config", config)
 
@@ -211,14 +197,15 @@ def snr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:
     return float("inf") if noise == 0 else 10 * math.log10(max(signal, 1e-30) / noise)
 
 
-def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_int4",
+def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = cpu_int4.NAME,
                    group: int = DEFAULT_GROUP, *, quantize_embedding: bool = True,
                    modules_to_not_convert: list[str] | None = None,
                    quantize_vision: bool | None = None,
                    progress: bool = True, manifest: dict | None = None, force: bool = False) -> Path:
-    """Write a ``cpu_int4`` (or ``gptq``: see :mod:`.gptq`) checkpoint of ``src_dir`` to
-    ``dst_dir`` (atomically). ``gptq`` keeps the input embedding in bf16 (vLLM's GPTQ
-    reads no quantized embedding) and quantizes the untied head.
+    """Write a checkpoint of ``src_dir`` in the weight format ``scheme`` (a name in
+    :mod:`vllm_edge.quant.formats`) to ``dst_dir`` (atomically). A format that cannot store
+    the input embedding (``gptq``: vLLM's GPTQ reads none) keeps it in bf16; the untied head
+    is quantized.
 
     Every output carries a manifest (``vllm_edge_manifest.json``: converter, scheme, group,
     source), written inside the same atomic rename; ``manifest`` adds fields to it. An
@@ -232,21 +219,24 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
     """
     from tqdm import tqdm
 
-    if scheme not in SCHEMES:
-        raise QuantizeError(f"scheme {scheme!r} is not implemented; available: {', '.join(SCHEMES)}")
-    if group not in GROUPS:
-        raise QuantizeError(f"group {group} is not supported; use one of {GROUPS}")
+    if scheme not in formats.names():
+        raise QuantizeError(f"scheme {scheme!r} is not implemented; available: "
+                            f"{', '.join(formats.names())}")
+    fmt = formats.get(scheme)
+    if group not in fmt.groups:
+        raise QuantizeError(f"group {group} is not supported; use one of {fmt.groups}")
     src, dst = Path(src_dir).expanduser(), Path(dst_dir).expanduser()
     atomic.check_destination(dst, kind=KIND, inputs=[src], force=force)
     config = read_source_config(src)
     skip = list(modules_to_not_convert or [])
     refs = dict(tensor_refs(src))
-    if scheme == "gptq":
+    if not fmt.quantizes_embedding:
         quantize_embedding = False
     reasons = {m: "modules_to_not_convert given by the caller" for m in skip}
     vlm = vlm_skips(config, quantize_vision)
-    if vlm and scheme != "cpu_int4":
-        raise ValueError(f"{src}: a vision-language model supports scheme cpu_int4 only")
+    if vlm and not fmt.vision:
+        raise ValueError(f"{src}: a vision-language model supports scheme "
+                         f"{', '.join(f.name for f in formats.all_formats() if f.vision)} only")
     reasons.update(vlm)
     skip = list(dict.fromkeys([*skip, *vlm]))
     text_cfg = _text_config(config)
@@ -259,9 +249,9 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
         untied = True
 
     shapes = {n: _shape(r) for n, r in refs.items()}
-    if scheme == "gptq":  # fail before any work on a shape GPTQ cannot store
-        gptq.check_model({n: s for n, s in shapes.items()
-                          if _should_quantize(n, s, quantize_embedding, skip)}, group)
+    if fmt.check_shapes:  # fail before any work on a shape the format cannot store
+        fmt.check({n: s for n, s in shapes.items()
+                   if _should_quantize(n, s, quantize_embedding, skip)}, group)
     elif vlm:
         # Linears tinygemm cannot take stay bf16 (vLLM would otherwise run them through
         # the slow dequantize fallback). Embedding-like tables are never linears here.
@@ -281,7 +271,7 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
     out: dict[str, torch.Tensor] = {}
     report: list[dict[str, Any]] = []
     names = sorted(refs)
-    encode = _encode_gptq if scheme == "gptq" else _encode_cpu_int4
+    encode = fmt.encoder()
     # An untied head is the embedding's source tensor under a second name. Scheme, group
     # and clipping are fixed for the whole call, so when both names are quantized the
     # result is identical: encode it once and write it under both (the tensors it holds
@@ -317,8 +307,7 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
             del t, tensors
             bar.update(1)
 
-    qcfg = gptq.quantization_config(group) if scheme == "gptq" else cpu_int4_config(
-        group, quantize_embedding=quantize_embedding, modules_to_not_convert=skip)
+    qcfg = fmt.config(group, quantize_embedding=quantize_embedding, modules_to_not_convert=skip)
     if vlm:
         qcfg["quantize_vision"] = bool(quantize_vision)
     new_config = dict(config)
@@ -347,35 +336,13 @@ def quantize_model(src_dir: str | Path, dst_dir: str | Path, scheme: str = "cpu_
         write_weights(tmp, out, src, _SKIP_COPY)
         (tmp / "config.json").write_text(json.dumps(new_config, indent=2) + "\n")
         (tmp / REPORT_NAME).write_text(json.dumps(summary, indent=2) + "\n")
-        if scheme == "gptq":  # AutoGPTQ-style tools read it from here
-            (tmp / "quantize_config.json").write_text(json.dumps(qcfg, indent=2) + "\n")
+        for sidecar, content in fmt.sidecar_files(qcfg).items():
+            (tmp / sidecar).write_text(json.dumps(content, indent=2) + "\n")
         write_manifest(tmp, build_manifest)
     return dst
-
-
-def cpu_int4_config(group: int, *, quantize_embedding: bool = True,
-                    modules_to_not_convert: list[str] | None = None) -> dict[str, Any]:
-    """The ``quantization_config`` every cpu_int4 writer puts in ``config.json``."""
-    return {"quant_method": "cpu_int4", "bits": 4, "group_size": group,
-            "quantize_embedding": quantize_embedding, "prefill_dequant": True,
-            "dequant_threshold": _default_threshold(), "direct_dequant": True,
-            "dequant_workspace_mb": _default_workspace_mb(),
-            "modules_to_not_convert": list(modules_to_not_convert or [])}
-
-
-def _default_workspace_mb() -> int:
-    from vllm_edge.quant.ops import DEFAULT_WORKSPACE_MB
-
-    return DEFAULT_WORKSPACE_MB
 
 
 def _default_reason(name: str, shape: tuple[int, ...], embedding: bool) -> str:
     if "embed_tokens" in name and not embedding:
         return "input embedding kept (quantize_embedding=false)"
     return f"input size {shape[1]} is odd"
-
-
-def _default_threshold() -> str:
-    from vllm_edge.quant.ops import AUTO_NAME
-
-    return AUTO_NAME

@@ -15,11 +15,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-PATHS = ("gptq_w4a8", "cpu_int4", "bf16")
+from vllm_edge.quant import formats
+from vllm_edge.quant.formats import cpu_int4, gptq
+
+CPU_INT4 = cpu_int4.NAME
+PATHS = ("gptq_w4a8", CPU_INT4, "bf16")
 PRIORITIES = ("speed", "fidelity")
-# the quantized checkpoint each path runs (scheme, group); cpu_int4 g32: docs/design/cpu-int4.md,
-# "Group size and the tied head"
-CHECKPOINT = {"gptq_w4a8": ("gptq", 64), "cpu_int4": ("cpu_int4", 32), "bf16": (None, None)}
+# the weight format each path runs (scheme, group), at the format's default group; cpu_int4 g32:
+# docs/design/cpu-int4.md, "Group size and the tied head"
+CHECKPOINT = {"gptq_w4a8": (gptq.NAME, gptq.FORMAT.default_group),
+              CPU_INT4: (CPU_INT4, cpu_int4.FORMAT.default_group), "bf16": (None, None)}
 _ARM = ("aarch64", "arm64")
 _X86 = ("x86_64", "amd64", "i686", "i386")
 
@@ -66,14 +71,14 @@ def select_weight_path(profile: Any, priority: str = "speed") -> WeightPath:
         reasons.append("cpu_int4 runs torch's tinygemm, which has an ARM build, but neither its "
                        "speed nor its packed layout has been measured on ARM (the loader re-checks "
                        "the layout and keeps a plain copy if it differs)")
-        path = WeightPath("cpu_int4", reasons, verified=False)
+        path = WeightPath(CPU_INT4, reasons, verified=False)
     elif arch.lower() not in _X86:
         reasons.append(f"arch {arch or 'unknown'}: no measured 4-bit path; cpu_int4 is the portable one")
-        path = WeightPath("cpu_int4", reasons, verified=False)
+        path = WeightPath(CPU_INT4, reasons, verified=False)
     elif priority == "fidelity":
         reasons.append("priority fidelity: W4A16 keeps activations in bf16, W4A8 also rounds "
                        "them to int8; bf16 weights are opt-in with --quant none")
-        path = WeightPath("cpu_int4", reasons)
+        path = WeightPath(CPU_INT4, reasons)
     elif amx and not isa.get("avx512_bf16"):
         reasons.append("x86 with AMX (amx_tile, amx_int8) and priority speed: vLLM's W4A8 kernel "
                        "int4_scaled_mm_cpu runs a symmetric GPTQ checkpoint on the AMX tiles "
@@ -98,10 +103,10 @@ def select_weight_path(profile: Any, priority: str = "speed") -> WeightPath:
             else:
                 reasons.append("AVX-512 without BF16: cpu_int4 runs torch's tinygemm, measured faster "
                                "than bf16 at one row (benchmarks/results/cpu_int4_microbench.json)")
-            path = WeightPath("cpu_int4", reasons)
+            path = WeightPath(CPU_INT4, reasons)
         else:
             reasons.append("no AVX-512: tinygemm's AVX2 path has not been measured")
-            path = WeightPath("cpu_int4", reasons, verified=False)
+            path = WeightPath(CPU_INT4, reasons, verified=False)
     if numa > 1:
         path.reasons.append(f"{numa} NUMA nodes: one copy of the weights serves all cores "
                             "(cross-node reads not measured)")
@@ -110,9 +115,7 @@ def select_weight_path(profile: Any, priority: str = "speed") -> WeightPath:
 
 def gptq_export_status() -> tuple[bool, str]:
     """Can ``run`` build and serve the GPTQ checkpoint the W4A8 path needs?"""
-    from vllm_edge.quant.quantize import SCHEMES
-
-    if "gptq" not in SCHEMES:
+    if gptq.NAME not in formats.names():
         return False, "the GPTQ exporter (`vllm-edge quantize --quant gptq`) is not implemented yet"
     return True, ""
 
@@ -128,7 +131,7 @@ def for_run(profile: Any, priority: str = "speed", dtype: str = "auto") -> Weigh
     if chosen.name == "gptq_w4a8":
         ok, why = gptq_export_status()
         if not ok:
-            return WeightPath("cpu_int4", chosen.reasons + [f"falling back to cpu_int4: {why}"],
+            return WeightPath(CPU_INT4, chosen.reasons + [f"falling back to cpu_int4: {why}"],
                               verified=True, fallback_from="gptq_w4a8")
     return chosen
 
@@ -136,17 +139,11 @@ def for_run(profile: Any, priority: str = "speed", dtype: str = "auto") -> Weigh
 def for_checkpoint(path: Any) -> WeightPath:
     """A quantized model directory, or one vllm-edge built, runs as stored: report what it
     is, choose nothing."""
-    import json
     from pathlib import Path
 
-    from vllm_edge.models.store import ModelNotAvailable
+    from vllm_edge.models.resolver import read_config
 
-    cfg_path = Path(path) / "config.json"
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelNotAvailable(f"{cfg_path}: cannot read a model config ({exc}); a model "
-                                "directory must be a Hugging Face folder") from None
+    cfg = read_config(Path(path))
     method = (cfg.get("quantization_config") or {}).get("quant_method")
     name = "bf16" if method is None else str(method)
     group = (cfg.get("quantization_config") or {}).get("group_size")
@@ -156,59 +153,29 @@ def for_checkpoint(path: Any) -> WeightPath:
 
 
 def model_for_engine(model: str, priority: str = "speed", dtype: str = "auto") -> tuple[Any, WeightPath]:
-    """(directory to load, its weight path) for a model argument of `run` or `serve`; the
-    build's last use is recorded for `vllm-edge models list`."""
-    from vllm_edge.models import cache
+    """(directory to load, its weight path) for a model argument of `run` or `serve`: the
+    resolver reads the argument into a source, the probe picks the format for this CPU, the
+    source says what it becomes in it and builds it (on first use, cached). The build's last
+    use is recorded for `vllm-edge models list`."""
+    from vllm_edge.common import hw
+    from vllm_edge.models import cache, resolver
 
-    path, wpath = _model_for_engine(model, priority, dtype)
+    source = resolver.resolve(model)
+    chosen = for_run(hw.profile(), priority, dtype)
+    fit = source.fit(chosen.scheme, chosen.name)
+    if fit.stored:
+        path = source.build()
+        wpath = for_checkpoint(path)
+    else:
+        if fit.fallback:
+            fmt = formats.get(fit.scheme)
+            wpath = WeightPath(fmt.name, chosen.reasons + fit.reasons, fallback_from=chosen.name,
+                               scheme=fmt.name, group=fmt.default_group)
+        else:
+            wpath = chosen
+            wpath.reasons.extend(fit.reasons)
+        path = source.build(wpath.scheme, wpath.group)
+        if isinstance(source, resolver.QuantizedFolder):  # repacked at the checkpoint's own group
+            wpath.group = for_checkpoint(path).group
     cache.mark_used(path)
     return path, wpath
-
-
-def _model_for_engine(model: str, priority: str, dtype: str) -> tuple[Any, WeightPath]:
-    """An embedded model, a GGUF file or a bf16 model folder gets the path chosen for this CPU,
-    prepared (a GGUF repacked, a folder quantized) on first use and cached; a quantized
-    folder, or a build vllm-edge made, runs as stored."""
-    from vllm_edge.common import hw
-    from vllm_edge.models import store, vlm
-
-    if model == vlm.KEY:
-        wpath = for_run(hw.profile(), priority, dtype)
-        if wpath.scheme not in (None, "cpu_int4"):
-            wpath = WeightPath("cpu_int4", wpath.reasons + [
-                f"{vlm.KEY} has no {wpath.name} build; using cpu_int4"], fallback_from=wpath.name)
-        return store.ensure_model(model, wpath.scheme, wpath.group), wpath
-    if model == "default" or model in store.MODELS:
-        wpath = for_run(hw.profile(), priority, dtype)
-        return store.ensure_model(model, wpath.scheme, wpath.group), wpath
-    if store.is_gguf(model):
-        wpath = for_run(hw.profile(), priority, dtype)
-        if wpath.scheme not in (None, "cpu_int4"):
-            wpath = WeightPath("cpu_int4", wpath.reasons + [
-                f"a GGUF file has no {wpath.name} build; using cpu_int4"], fallback_from=wpath.name)
-        if wpath.scheme:
-            wpath.reasons.append("a GGUF file: its Q4_0, Q4_1 and Q4_K tensors are repacked into "
-                                 "cpu_int4 g32 with their 4-bit codes, other formats quantized again "
-                                 "(docs/guide/quantize.md); built once, cached by the file's sha256")
-        return store.ensure_gguf(model, wpath.scheme), wpath
-    path = store.ensure_model(model)
-    stored = for_checkpoint(path)
-    if store.is_gptq_folder(path):
-        wpath = for_run(hw.profile(), priority, dtype)
-        if wpath.scheme in (None, "gptq"):  # as stored, or vLLM's own GPTQ path on this CPU
-            return path, stored
-        wpath.reasons.append("a GPTQ or AWQ folder: its 4-bit codes are repacked into cpu_int4 at its own "
-                             "group size (docs/guide/quantize.md), not quantized again; built once, "
-                             "cached under VLLM_EDGE_HOME/models/hf by its content")
-        built = store.ensure_folder(str(path), "cpu_int4")
-        wpath.group = for_checkpoint(built).group
-        return built, wpath
-    if stored.scheme is not None or store.is_edge_build(path):
-        return path, stored
-    wpath = for_run(hw.profile(), priority, dtype)
-    if not wpath.scheme:
-        wpath.reasons.append("a model folder in bf16 runs as stored")
-        return path, wpath
-    wpath.reasons.append(f"a model folder: quantized to {wpath.scheme} on first use, cached under "
-                         "VLLM_EDGE_HOME/models/hf by its content (`vllm-edge models list`)")
-    return store.ensure_folder(str(path), wpath.scheme, wpath.group), wpath

@@ -139,11 +139,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def ensure(model: str, quant: str, keep_alive_s: float, serve_flags: list[str] | None = None,
+def ensure(model: str, quant: str, keep_alive_s: float, options: dict[str, Any] | None = None,
            *, say: Callable[[str], None] = lambda _: None,
            ready_timeout_s: float = 3600, ranks: tuple[int, int] = (1, 1)) -> tuple[Record, bool]:
     """A live server for ``model``: the running one, or one started now. Returns (record,
-    started)."""
+    started). ``quant`` is `run`'s ``--quant`` (``auto`` or ``none``); ``options`` are more
+    keywords of :func:`vllm_edge.serving.serve.main` (``max_model_len``, ``enforce_eager``, ...)."""
     from vllm_edge.common import atomic
     from vllm_edge.serving import engine_log
 
@@ -155,9 +156,11 @@ def ensure(model: str, quant: str, keep_alive_s: float, serve_flags: list[str] |
             return rec, False
         port = _free_port()
         log = engine_log.new_path("serve")
-        cmd = [sys.executable, "-m", "vllm_edge.cli", "serve", model, "--host", HOST,
-               "--port", str(port), "--quant", quant, "--idle-exit", f"{keep_alive_s:g}",
-               *(serve_flags or [])]
+        spec = {**(options or {}), "model": model, "host": HOST, "port": port,
+                "dtype": "bf16" if quant == "none" else "auto", "idle_exit_s": keep_alive_s}
+        if ranks != (1, 1):
+            spec["parallel"] = {"tensor": ranks[0], "pipeline": ranks[1]}
+        cmd = [sys.executable, "-m", "vllm_edge.serving.keepalive_server", json.dumps(spec)]
         with open(log, "w") as fh:
             proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)

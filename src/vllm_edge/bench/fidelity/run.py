@@ -68,7 +68,7 @@ def run(model: str, save_ref: str | None = None, ref: str | None = None, out: st
         group: int = DEFAULT_GROUP) -> dict:
     from vllm_edge.bench import prompts as P
     from vllm_edge.common import atomic, provenance
-    from vllm_edge.models.store import ensure_model
+    from vllm_edge.models.resolver import ensure_model
 
     if (save_ref is None) == (ref is None):
         raise ValueError("give exactly one of --save-ref DIR or --ref DIR")

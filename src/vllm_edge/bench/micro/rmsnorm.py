@@ -66,7 +66,7 @@ def run(model: str = "default", passes: int = 15, threads: int | None = None,
         rows: tuple[int, ...] = ROWS, log: Callable[[str], None] = print) -> dict:
     import torch
 
-    from vllm_edge.models.store import ensure_model
+    from vllm_edge.models.resolver import ensure_model
 
     threads = threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)

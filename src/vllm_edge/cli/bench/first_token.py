@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     if args.passes < 1:
         raise EdgeError(f"--passes {args.passes}: must be at least 1")
     result = first_token.run(args.model, passes=args.passes, keep_alive=args.keep_alive,
-                             serve_flags=["--enforce-eager"] if args.enforce_eager else [],
+                             enforce_eager=args.enforce_eager,
                              out=args.out)
     keys = ("run_first_token_s_median", "run_wall_s_median", "help_wall_s_median",
             "client_imports", "met")

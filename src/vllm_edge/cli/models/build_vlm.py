@@ -12,11 +12,11 @@ HELP = ("an Idefics3 (SmolVLM-shaped) checkpoint: SmolLM2's real weights, a seed
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    from vllm_edge.models.vlm import VisionShape  # torch-free at import
+    from vllm_edge.models.vlm import VisionShape, vision_formats  # torch-free at import
 
     p.add_argument("out", nargs="?", default=None,
                    help="output directory (default: the cached build under VLLM_EDGE_HOME)")
-    add_quant(p, choices=("cpu_int4",),
+    add_quant(p, choices=tuple(vision_formats()),
               help="also quantize the cached build (language model, embedding and head)")
     add_group(p)
     p.add_argument("--quantize-vision", action=argparse.BooleanOptionalAction, default=False,
@@ -52,10 +52,8 @@ def run(args: argparse.Namespace) -> int:
                                  "with `vllm-edge quantize OUT DST --quantize-vision/--no-quantize-vision`")
             path = vlm.build(args.out, text_dir=store.prepare("default"), vision=shape,
                              seed=args.seed, force=args.force)
-        elif args.quant:
-            path = vlm.prepare_quantized(store.prepare("default"), args.quant, args.group,
-                                         quantize_vision=args.quantize_vision, force=args.force)
         else:
-            path = vlm.prepare(store.prepare("default"), force=args.force)
+            path = store.prepare_vlm(args.quant, args.group, quantize_vision=args.quantize_vision,
+                                     force=args.force)
     print(path)
     return 0

@@ -1,0 +1,233 @@
+"""The one resolver: a model argument, read once, becomes one typed source.
+
+``resolve("default")``, ``resolve("smolvlm-135m-cpu_int4-g64")``, ``resolve("model.gguf")`` or
+``resolve("./folder")`` says what the argument is (an embedded model, the default VLM, a GGUF
+file, a bf16 Hugging Face folder, a quantized folder whose codes a format keeps, or a build
+that runs as stored) and nothing more; it builds nothing. Each source then knows:
+
+- :meth:`Source.fit`: what it can become given the weight format the probe chose for this
+  CPU (``runtime/weight_path`` picks the format; the source says whether it can be built in
+  it, what it becomes instead, and why);
+- :meth:`Source.build`: the directory an engine loads, built on first use in a child process
+  and cached by content (:mod:`.store`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vllm_edge.models import store
+from vllm_edge.models.errors import ModelNotAvailable
+from vllm_edge.quant import formats
+from vllm_edge.quant.groups import DEFAULT_GROUP
+
+
+@dataclass
+class Fit:
+    """What a source becomes for a chosen format: the format to build (``None``: bf16, or the
+    checkpoint as stored), the reasons to print, and whether the choice was replaced."""
+    scheme: str | None
+    reasons: list[str] = field(default_factory=list)
+    fallback: bool = False
+    stored: bool = False  # runs as stored: its own checkpoint says what it is
+
+
+@dataclass(frozen=True)
+class Source:
+    arg: str
+
+    kind = "source"
+
+    def fit(self, scheme: str | None, name: str | None = None) -> Fit:
+        """``scheme``: the format chosen for this CPU (``name``: the weight path's name)."""
+        return Fit(scheme)
+
+    def build(self, scheme: str | None = None, group: int | None = None) -> Path:
+        raise NotImplementedError
+
+    def cached_dir(self) -> Path:
+        """Where its bf16 (or as-stored) build is, without preparing anything."""
+        return store.cached_dir(self.arg)
+
+
+def _fallback(scheme: str | None, name: str | None, have: list[str], what: str) -> Fit | None:
+    """The first format ``what`` has, when the chosen one is not among them."""
+    if scheme is None or scheme in have:
+        return None
+    return Fit(have[0], [f"{what} has no {name or scheme} build; using {have[0]}"], fallback=True)
+
+
+@dataclass(frozen=True)
+class Embedded(Source):
+    """'default' or an embedded key: a PyPI package's GGUF, converted to bf16 once, then
+    quantized in any format of the registry."""
+    kind = "embedded"
+
+    def build(self, scheme: str | None = None, group: int | None = None) -> Path:
+        return store.ensure_embedded(self.arg, scheme, group)
+
+
+@dataclass(frozen=True)
+class Vlm(Source):
+    """The default VLM: the bare key takes the chosen format, a named build runs as named."""
+    named: tuple[str | None, int, bool] = (None, DEFAULT_GROUP, False)
+    kind = "vlm"
+
+    def fit(self, scheme: str | None, name: str | None = None) -> Fit:
+        from vllm_edge.models import vlm
+
+        return _fallback(scheme, name, vlm.vision_formats(), vlm.KEY) or Fit(scheme)
+
+    def build(self, scheme: str | None = None, group: int | None = None) -> Path:
+        named, named_group, vision = self.named
+        if named:
+            scheme, group = named, named_group
+        return store.ensure_vlm(scheme, group or DEFAULT_GROUP, vision)
+
+    def cached_dir(self) -> Path:
+        from vllm_edge.models import vlm
+
+        scheme, group, vision = self.named
+        return vlm.quantized_dir(scheme, group, vision) if scheme else vlm.prepared_dir()
+
+
+@dataclass(frozen=True)
+class Gguf(Source):
+    """A GGUF file: repacked into the default format (codes kept where they map), or imported
+    in bf16; cached by the file's sha256."""
+    kind = "gguf"
+
+    def fit(self, scheme: str | None, name: str | None = None) -> Fit:
+        fit = _fallback(scheme, name, [formats.DEFAULT], "a GGUF file") or Fit(scheme)
+        if fit.scheme:
+            kept = ", ".join(k.split(":", 1)[1] for k in formats.get(fit.scheme).lossless
+                             if k.startswith("gguf:"))
+            fit.reasons.append(f"a GGUF file: its {kept} tensors are repacked into {fit.scheme} "
+                               f"g{DEFAULT_GROUP} with their 4-bit codes, other formats quantized again "
+                               "(docs/guide/quantize.md); built once, cached by the file's sha256")
+        return fit
+
+    def build(self, scheme: str | None = None, group: int | None = None) -> Path:
+        if scheme and group not in (None, DEFAULT_GROUP):
+            raise ModelNotAvailable(f"{self.arg}: a GGUF file is repacked at group {DEFAULT_GROUP} (its "
+                                    f"blocks' width), not {group}")
+        return store.ensure_gguf(self.arg, scheme)
+
+    def cached_dir(self) -> Path:
+        return Path(self.arg).expanduser()
+
+
+@dataclass(frozen=True)
+class Folder(Source):
+    """A Hugging Face folder: ``path`` resolved, ``config`` its config.json."""
+    path: Path = Path()
+    config: dict = field(default_factory=dict, compare=False)
+
+    def stored_scheme(self) -> tuple[str | None, int | None]:
+        qc = self.config.get("quantization_config") or {}
+        return qc.get("quant_method"), qc.get("group_size")
+
+    def cached_dir(self) -> Path:
+        return self.path
+
+
+@dataclass(frozen=True)
+class Bf16Folder(Folder):
+    """An unquantized folder: quantized in the chosen format on first use, cached by content."""
+    kind = "bf16 folder"
+
+    def fit(self, scheme: str | None, name: str | None = None) -> Fit:
+        if not scheme:
+            return Fit(None, ["a model folder in bf16 runs as stored"])
+        return Fit(scheme, [f"a model folder: quantized to {scheme} on first use, cached under "
+                            "VLLM_EDGE_HOME/models/hf by its content (`vllm-edge models list`)"])
+
+    def build(self, scheme: str | None = None, group: int | None = None) -> Path:
+        return store.ensure_folder(str(self.path), scheme, group) if scheme else self.path
+
+
+@dataclass(frozen=True)
+class QuantizedFolder(Folder):
+    """A GPTQ or AWQ folder: repacked into a format that keeps its codes, at its own group;
+    as stored when no format is chosen or the chosen one is its own."""
+    method: str = ""
+    kind = "quantized folder"
+
+    def fit(self, scheme: str | None, name: str | None = None) -> Fit:
+        if scheme is None or scheme == self.method or not formats.get(scheme).takes(self.method):
+            return Fit(None, stored=True)
+        return Fit(scheme, [f"a GPTQ or AWQ folder: its 4-bit codes are repacked into {scheme} at its "
+                            "own group size (docs/guide/quantize.md), not quantized again; built once, "
+                            "cached under VLLM_EDGE_HOME/models/hf by its content"])
+
+    def build(self, scheme: str | None = None, group: int | None = None) -> Path:
+        if scheme is None or not self.fit(scheme).scheme:
+            return self.path
+        return store.ensure_folder(str(self.path), scheme)
+
+
+@dataclass(frozen=True)
+class Stored(Folder):
+    """A build vllm-edge made, or a folder quantized in a format no repack takes: it runs as
+    stored, whatever was chosen."""
+    kind = "as stored"
+
+    def fit(self, scheme: str | None, name: str | None = None) -> Fit:
+        return Fit(None, stored=True)
+
+    def build(self, scheme: str | None = None, group: int | None = None) -> Path:
+        return self.path
+
+
+def read_config(path: Path) -> dict:
+    """A folder's config.json, or a clear error naming it."""
+    cfg_path = path / "config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ModelNotAvailable(f"{cfg_path}: cannot read a model config ({exc}); a model "
+                                "directory must be a Hugging Face folder") from None
+    if not isinstance(cfg, dict):
+        raise ModelNotAvailable(f"{cfg_path}: cannot read a model config (not a JSON object); a "
+                                "model directory must be a Hugging Face folder")
+    return cfg
+
+
+def resolve(arg: str) -> Source:
+    """The source a model argument names. Reads a folder's config once; builds nothing."""
+    from vllm_edge.models import vlm
+
+    arg = str(arg)
+    parsed = vlm.parse_key(arg)
+    if parsed:
+        return Vlm(arg, parsed)
+    if arg == "default" or arg in store.MODELS:
+        return Embedded(arg)
+    if store.is_gguf(arg):
+        return Gguf(arg)
+    path = Path(arg).expanduser()
+    if not path.exists():
+        raise ModelNotAvailable(f"{arg}: no such model directory, and not an embedded model name")
+    if not path.is_dir():
+        raise ModelNotAvailable(f"{arg}: not a model directory, a GGUF file (*.gguf) or an embedded "
+                                "model name")
+    config = read_config(path)
+    if store.is_edge_build(path):
+        return Stored(arg, path, config)
+    method = store.quant_method(path)
+    if method is None:
+        return Bf16Folder(arg, path, config)
+    if formats.taking(method) is not None:
+        return QuantizedFolder(arg, path, config, method)
+    return Stored(arg, path, config)
+
+
+def ensure_model(name: str, scheme: str | None = None, group: int | None = None) -> Path:
+    """The directory an engine loads for ``name`` in ``scheme`` (``None``: bf16, or as stored),
+    built on first use. A format the source cannot be built in is refused by the source."""
+    source = resolve(name)
+    if isinstance(source, (Stored, QuantizedFolder)) and source.fit(scheme).stored:
+        return source.path
+    return source.build(scheme, group)

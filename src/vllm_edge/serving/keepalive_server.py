@@ -1,0 +1,44 @@
+"""The process of a keep-alive server: :func:`vllm_edge.serving.serve.main` with the options its
+parent (:mod:`.keepalive`) passes as one JSON argument.
+
+A serving entry point of its own, so that a `run` never enters the CLI a second time to start
+its server: ``python -m vllm_edge.serving.keepalive_server '{"model": ..., "port": ...}'``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+
+def options_from_json(text: str) -> dict[str, Any]:
+    """The parent's options: serve.main's keywords, with ``parallel`` as its fields."""
+    from vllm_edge.serving.serve import Parallel
+
+    options = json.loads(text)
+    if not isinstance(options, dict) or "model" not in options:
+        raise ValueError("expected a JSON object with at least 'model'")
+    if options.get("parallel") is not None:
+        options["parallel"] = Parallel(**options["parallel"])
+    return options
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vllm_edge.common.errors import EdgeError
+    from vllm_edge.serving import serve
+
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m vllm_edge.serving.keepalive_server OPTIONS_JSON", file=sys.stderr)
+        return 2
+    options = options_from_json(argv[0])
+    try:
+        return serve.main(options.pop("model"), **options)
+    except EdgeError as exc:  # the parent shows the log's tail
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

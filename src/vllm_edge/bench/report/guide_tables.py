@@ -16,7 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vllm_edge.bench.report import grid_cell, splice
+from vllm_edge.bench.render import splice
+from vllm_edge.bench.report.results import grid_cell
 from vllm_edge.common import atomic
 
 AGENT_DOC = "docs/guide/agent.md"

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_edge.quant.formats.cpu_int4 import NAME as CPU_INT4
+from vllm_edge.quant.formats.gptq import NAME as GPTQ
 from vllm_edge.quant.groups import DEFAULT_GROUP
 
 BEGIN = "<!-- measured:begin -->"
@@ -253,10 +255,10 @@ def _arm_build(data: dict, key: Key) -> str | None:
     parts = [name]
     quant, group = flag("--quant"), flag("--group")
     if quant is None and cmd[3:5] == ["bench", "step"]:
-        quant, group = "cpu_int4", group or str(DEFAULT_GROUP)  # `bench step`'s own default
+        quant, group = CPU_INT4, group or str(DEFAULT_GROUP)  # `bench step`'s own default
     if quant:
         parts.append(f"{quant} g{group}" if group else quant)
-    elif not any(q in name for q in ("cpu_int4", "gptq", ".gguf")):
+    elif not any(q in name for q in (CPU_INT4, GPTQ, ".gguf")):
         parts.append("bf16")
     # PYTHONPATH names a checkout on the measuring host; the claim's label says which code it is
     parts += [f"{k}={v}" for k, v in sorted((arm.get("env") or {}).items()) if k != "PYTHONPATH"]

@@ -29,6 +29,8 @@ from vllm_edge.bench.render import (
     table,
 )
 from vllm_edge.common import atomic, stats
+from vllm_edge.quant.formats.cpu_int4 import NAME as CPU_INT4
+from vllm_edge.quant.formats.gptq import NAME as GPTQ
 
 BEGIN = "<!-- report:begin -->"
 END = "<!-- report:end -->"
@@ -114,7 +116,7 @@ def _headline(speed: list[Artifact], fid: list[Artifact]) -> list[str]:
     lines = ["## Default model: bf16 against the best 4-bit path", ""]
     mine = [a for a in speed if _is_vllm(a) and _is_default_model(a)]
     bf16 = [a for a in mine if _quant(a) is None]
-    four = [a for a in mine if _quant(a) in ("cpu_int4", "gptq", "awq")]
+    four = [a for a in mine if _quant(a) in (CPU_INT4, GPTQ, "awq")]
     if not bf16 or not four:
         missing = " and ".join(w for w, have in (("bf16", bf16), ("4-bit", four)) if not have)
         return lines + [f"No {missing} `bench speed` artifact of the default model yet "

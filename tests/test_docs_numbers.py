@@ -17,7 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from vllm_edge.bench import claims, compare, guide_tables, report
+from vllm_edge.bench import compare
+from vllm_edge.bench import render as bench_render
+from vllm_edge.bench.render import load_artifacts, splice
+from vllm_edge.bench.report import claims, guide_tables
+from vllm_edge.bench.report import results as results_report
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = "benchmarks/results"
@@ -34,7 +38,7 @@ def _diff(want: str, got: str) -> list[str]:
 
 
 def readme_mismatches(readme_text: str, results_dir: Path, readme_path: Path = README) -> list[str]:
-    want = report.splice(readme_text, claims.render(results_dir, readme_path), claims.BEGIN, claims.END)
+    want = splice(readme_text, claims.render(results_dir, readme_path), claims.BEGIN, claims.END)
     return _diff(readme_text, want)
 
 
@@ -44,9 +48,11 @@ def _region(text: str) -> str:
 
 @pytest.fixture
 def no_plots(monkeypatch):
-    # Re-rendering must not rewrite the committed PNGs.
-    for name in ("plot_speed", "plot_memory", "plot_fidelity"):
-        monkeypatch.setattr(report, name, lambda *a, **k: None)
+    # Re-rendering must not rewrite the committed PNGs: the report holds the plot functions by
+    # name, compare calls them through the render module.
+    for module in (bench_render, results_report):
+        for name in ("plot_speed", "plot_memory", "plot_fidelity"):
+            monkeypatch.setattr(module, name, lambda *a, **k: None)
 
 
 # --- README -------------------------------------------------------------------------
@@ -109,10 +115,10 @@ def test_noise_flags_travel_with_the_figure(tmp_path):
 
 def test_results_md_is_generated_only(monkeypatch, no_plots):
     monkeypatch.chdir(REPO)  # the report names artifacts relative to the repository, as the CLI does
-    doc = Path(report.DEFAULT_DOC)
-    arts, skipped = report.load_artifacts(RESULTS, RESULTS)
-    body, _ = report.render(arts, skipped, Path(RESULTS), doc, RESULTS)
-    want = report.splice(report.NEW_DOC, body)
+    doc = Path(results_report.DEFAULT_DOC)
+    arts, skipped = load_artifacts(RESULTS, RESULTS)
+    body, _ = results_report.render(arts, skipped, Path(RESULTS), doc, RESULTS)
+    want = splice(results_report.NEW_DOC, body, results_report.BEGIN, results_report.END)
     bad = _diff(doc.read_text(), want)
     assert not bad, "docs/results/results.md differs from `vllm-edge report`'s output:\n" + "\n".join(bad)
 
@@ -125,7 +131,7 @@ def test_comparisons_md_is_generated_only(monkeypatch, no_plots):
         out = Path(RESULTS) / name
         if (out / "speed" / "summary.json").exists():
             body, _ = compare.render(out, doc, str(out))
-            want = report.splice(want, body, *compare.markers(synthetic_1b))
+            want = splice(want, body, *compare.markers(synthetic_1b))
     bad = _diff(doc.read_text(), want)
     assert not bad, ("docs/results/comparisons.md differs from `vllm-edge compare --render-only`'s "
                      "output:\n" + "\n".join(bad))
@@ -143,7 +149,7 @@ def test_guide_tables_match_the_artifacts(rel, markers, render):
     doc = REPO / rel
     text = doc.read_text()
     assert markers[0] in text and markers[1] in text, f"{rel}: the generated table's markers are gone"
-    want = report.splice(text, render(REPO / RESULTS, doc), *markers)
+    want = splice(text, render(REPO / RESULTS, doc), *markers)
     bad = _diff(text, want)
     assert not bad, f"{rel}: the generated table differs from the artifacts; run `vllm-edge report`:\n" + "\n".join(bad)
 
@@ -302,7 +308,7 @@ def test_the_cli_reference_names_every_command():
 def test_report_splices_the_readme_region(tmp_path, no_plots):
     readme = tmp_path / "README.md"
     readme.write_text(f"# Mine\n\nBy hand.\n\n{claims.BEGIN}\nstale\n{claims.END}\n\nAfter.\n")
-    out = report.report(REPO / RESULTS, tmp_path / "results.md", tmp_path / "plots", readme=readme)
+    out = results_report.report(REPO / RESULTS, tmp_path / "results.md", tmp_path / "plots", readme=readme)
     text = readme.read_text()
     assert out["readme"] == str(readme)
     assert text.startswith("# Mine\n\nBy hand.") and text.rstrip().endswith("After.")
@@ -311,12 +317,12 @@ def test_report_splices_the_readme_region(tmp_path, no_plots):
 
 
 def test_only_a_repositorys_results_own_a_readme(tmp_path):
-    assert report.default_readme(REPO / RESULTS) == README
-    assert report.default_readme(tmp_path / "results") is None
+    assert results_report.default_readme(REPO / RESULTS) == README
+    assert results_report.default_readme(tmp_path / "results") is None
     # a README without the markers is left alone
     plain = tmp_path / "README.md"
     plain.write_text("# no markers\n")
-    assert report.splice_readme(REPO / RESULTS, plain) is False and plain.read_text() == "# no markers\n"
+    assert results_report.splice_readme(REPO / RESULTS, plain) is False and plain.read_text() == "# no markers\n"
 
 
 def test_the_toolcalls_table_counts_violations_apart_from_cuts_and_timeouts(tmp_path):

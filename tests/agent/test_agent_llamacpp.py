@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from vllm_edge.agent import llamacpp_chat as lc
-from vllm_edge.agent.tools import TOOLS
+import vllm_edge
+from vllm_edge.bench.engines import llamacpp_chat as lc
+from vllm_edge.common.phone_tools import TOOLS
 
-DATA = Path(lc.__file__).resolve().parents[1] / "data"
+DATA = Path(vllm_edge.__file__).resolve().parent / "data"
 
 
 def test_parse_reply_reads_calls_as_vllms_hermes_parser():

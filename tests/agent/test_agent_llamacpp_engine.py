@@ -12,12 +12,13 @@ import math
 import pytest
 
 from support.llamacpp import default_gguf, need_llama_cpp
-from vllm_edge.agent import llamacpp_chat as lc
 from vllm_edge.agent import uitree
-from vllm_edge.agent.loop import SYSTEM_PROMPT, ContextOverflow
+from vllm_edge.agent.loop import SYSTEM_PROMPT
 from vllm_edge.agent.suite import judge_call
 from vllm_edge.agent.tasks import TASKS
-from vllm_edge.agent.tools import TOOLS
+from vllm_edge.bench.engines import llamacpp_chat as lc
+from vllm_edge.bench.engines.chat import ContextOverflow
+from vllm_edge.common.phone_tools import TOOLS
 
 pytestmark = pytest.mark.slow
 

@@ -8,10 +8,11 @@ import pytest
 
 from vllm_edge.agent.calls import extract_calls, parse_json_lenient
 from vllm_edge.agent.device import SimDevice
-from vllm_edge.agent.loop import ContextOverflow, run_agent
+from vllm_edge.agent.loop import run_agent
 from vllm_edge.agent.suite import run_one
 from vllm_edge.agent.tasks import TASKS
-from vllm_edge.agent.tools import TOOL_NAMES, TOOLS
+from vllm_edge.bench.engines.chat import ContextOverflow
+from vllm_edge.common.phone_tools import TOOL_NAMES, TOOLS
 
 
 def raw_call(name, arguments, call_id="x1"):

@@ -11,7 +11,7 @@ import pytest
 from vllm_edge.agent import suite
 from vllm_edge.agent.client import openai_chat
 from vllm_edge.agent.tasks import select_tasks
-from vllm_edge.agent.tools import TOOLS
+from vllm_edge.common.phone_tools import TOOLS
 
 
 class PerTask:
@@ -176,7 +176,7 @@ def test_judge_call(reply, verdict):
 
 
 def test_metered_chat_counts_refusals_apart():
-    from vllm_edge.agent.loop import ContextOverflow
+    from vllm_edge.bench.engines.chat import ContextOverflow
 
     replies = iter([ContextOverflow("maximum context length"), _reply("tap", '{"index": 0}'),
                     {"role": "assistant", "content": "I will tap Settings."}])

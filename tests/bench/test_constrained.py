@@ -121,7 +121,7 @@ def test_cli_refuses_an_unknown_mode(capsys):
 
 
 def test_the_serve_guide_table_renders_an_artifact(tmp_path):
-    from vllm_edge.bench import guide_tables
+    from vllm_edge.bench.report import guide_tables
 
     rows = [_row("json_schema", "first", 0.9), _row("json_schema", "cold", 0.3), _row("json_schema", "warm", 0.02),
             _row("json_schema", "free", 0.01, valid=False)]
@@ -141,7 +141,7 @@ def _lrow(mode: str, kind: str, grammar: float | None, valid: bool = True) -> di
 
 
 def test_llamacpp_rows_summarize_their_grammar_build_and_render_beside_vllm(tmp_path):
-    from vllm_edge.bench import guide_tables
+    from vllm_edge.bench.report import guide_tables
 
     rows = [_lrow("tool_required", "cold", 0.004), _lrow("tool_required", "warm", 0.001),
             _lrow("tool_required", "warm", 0.002), _lrow("tool_required", "free", 0.003, valid=False)]

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 def test_the_llamacpp_arm_writes_a_valid_artifact(tmp_path, capsys):
     need_llama_cpp()
-    from vllm_edge.bench import guide_tables
+    from vllm_edge.bench.report import guide_tables
     from vllm_edge.cli import main
 
     out = tmp_path / "constrained" / "llamacpp.json"

@@ -8,7 +8,7 @@ import pytest
 
 from support.checkpoints import tiny_gguf
 from support.llamacpp import default_gguf
-from vllm_edge.bench.llamacpp import runner as llamacpp_runner
+from vllm_edge.bench.engines import llamacpp as llamacpp_runner
 from vllm_edge.bench.llamacpp import verify as gguf_verify
 from vllm_edge.bench.llamacpp.verify import Inputs, VerifyConfig, compare
 

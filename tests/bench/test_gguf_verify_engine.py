@@ -7,7 +7,7 @@ import pytest
 
 from support.checkpoints import copy_without_weights
 from support.llamacpp import default_gguf, need_llama_cpp
-from vllm_edge.bench.llamacpp import runner as llamacpp_runner
+from vllm_edge.bench.engines import llamacpp as llamacpp_runner
 from vllm_edge.bench.llamacpp import verify as gguf_verify
 from vllm_edge.bench.llamacpp.verify import VerifyConfig, compare
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_edge.bench.llamacpp.runner import SKIP_REASON
+from vllm_edge.bench.engines.llamacpp import SKIP_REASON
 
 TOKENS = 16
 SEQS = 8
@@ -35,7 +35,7 @@ def bf16_gguf(default_model_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def runner(bf16_gguf):
     pytest.importorskip("llama_cpp", reason=SKIP_REASON)
-    from vllm_edge.bench.llamacpp.runner import LlamaCppRunner
+    from vllm_edge.bench.engines.llamacpp import LlamaCppRunner
 
     r = LlamaCppRunner(bf16_gguf, n_ctx=PROMPT_LEN + TOKENS, threads=1, all_logits=True, max_seqs=SEQS)
     yield r
@@ -93,7 +93,7 @@ def test_the_batch_context_holds_its_sequences_and_no_more(runner, prompts):
 
 def test_too_many_sequences_for_llama_cpp_is_refused(bf16_gguf):
     pytest.importorskip("llama_cpp", reason=SKIP_REASON)
-    from vllm_edge.bench.llamacpp.runner import LlamaCppRunner, max_parallel_sequences
+    from vllm_edge.bench.engines.llamacpp import LlamaCppRunner, max_parallel_sequences
 
     limit = max_parallel_sequences()
     with pytest.raises(ValueError, match=f"{limit + 1} sequences at once: llama.cpp takes 1 to {limit}"):

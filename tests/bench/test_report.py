@@ -9,7 +9,8 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from vllm_edge.bench import report  # noqa: E402
+from vllm_edge.bench.render import splice  # noqa: E402
+from vllm_edge.bench.report import results as report  # noqa: E402
 from vllm_edge.common.stats import summarize  # noqa: E402
 
 
@@ -96,7 +97,7 @@ def test_markers_appended_or_created(results, tmp_path):
 
 def test_unbalanced_markers_are_refused():
     with pytest.raises(ValueError, match="unbalanced"):
-        report.splice(f"{report.END}\n{report.BEGIN}\n", "x\n")
+        splice(f"{report.END}\n{report.BEGIN}\n", "x\n", report.BEGIN, report.END)
 
 
 def test_empty_results_dir(tmp_path):

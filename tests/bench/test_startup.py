@@ -73,7 +73,7 @@ def test_each_arm_records_the_checkout_it_runs(tmp_path):
 def test_the_run_guide_table_names_each_arms_commit(tmp_path):
     import json
 
-    from vllm_edge.bench import guide_tables
+    from vllm_edge.bench.report import guide_tables
 
     passes = [{"result": {"ready_s": 9.0 + i, "peak_tree_rss_anon_mb": 650.0, "peak_processes": 1},
                "records": _records(), "wall_s": 14.0} for i in range(2)]

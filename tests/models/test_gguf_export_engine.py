@@ -40,7 +40,7 @@ def test_roundtrip_in_llama_cpp(out_type, exported_bf16, hf_ref, hf_greedy, tmp_
     """Our GGUF answers the Paris question in llama.cpp, and its greedy tokens match
     transformers on the same bf16 directory for the first 16 tokens."""
     need_llama_cpp()
-    from vllm_edge.bench.llamacpp.runner import runner
+    from vllm_edge.bench.engines.llamacpp import runner
 
     path = exported_bf16 if out_type == "bf16" else export_gguf(
         hf_ref.path, tmp_path / "smol.f16.gguf", out_type="f16", progress=False)
@@ -54,7 +54,7 @@ def test_roundtrip_in_llama_cpp(out_type, exported_bf16, hf_ref, hf_greedy, tmp_
 
 def test_llama_cpp_quantize(exported_bf16):
     need_llama_cpp()
-    from vllm_edge.bench.llamacpp.runner import quantization_types
+    from vllm_edge.bench.engines.llamacpp import quantization_types
 
     out = quantize(exported_bf16, quantized_path(exported_bf16, "Q8_0"), "Q8_0")
     assert out.name == "smol.bf16.Q8_0.gguf"
@@ -66,7 +66,7 @@ def test_llama_cpp_quantize(exported_bf16):
 def test_without_the_rope_permutation_llama_cpp_answers_differently(hf_ref, hf_greedy, tmp_path, monkeypatch):
     """The Q/K permutation is load-bearing: skip it and llama.cpp's rope no longer matches."""
     need_llama_cpp()
-    from vllm_edge.bench.llamacpp.runner import runner
+    from vllm_edge.bench.engines.llamacpp import runner
     from vllm_edge.models import gguf_export
 
     monkeypatch.setattr(gguf_export, "rope_interleave", lambda w, n_head: w)

@@ -300,9 +300,9 @@ def test_short_soak(server, tmp_path):
 
 def test_agent_client_maps_the_context_400_to_overflow(server):
     from vllm_edge.agent.client import openai_chat
-    from vllm_edge.agent.loop import ContextOverflow
-    from vllm_edge.agent.tools import TOOLS
+    from vllm_edge.bench.engines.chat import ContextOverflow
     from vllm_edge.bench.prompts import long_document
+    from vllm_edge.common.phone_tools import TOOLS
 
     chat = openai_chat(server["url"] + "/v1", "default", max_tokens=8)
     with pytest.raises(ContextOverflow, match="maximum context length"):

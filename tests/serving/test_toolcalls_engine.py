@@ -151,7 +151,7 @@ def _valid_call(call: dict, tools: list[dict], name: str | None = None) -> dict:
 
 
 def test_required_call_is_schema_valid_and_auto_is_not_a_call(server):
-    from vllm_edge.agent.tools import TOOLS
+    from vllm_edge.common.phone_tools import TOOLS
 
     body = {"messages": ASK, "tools": TOOLS, "max_tokens": 64}
     forced = _chat(server, {**body, "tool_choice": "required"})
@@ -163,7 +163,7 @@ def test_required_call_is_schema_valid_and_auto_is_not_a_call(server):
 
 
 def test_named_call_is_schema_valid(server):
-    from vllm_edge.agent.tools import TOOLS
+    from vllm_edge.common.phone_tools import TOOLS
 
     for name in ("press_key", "tap", "open_app"):
         out = _chat(server, {"messages": ASK, "tools": TOOLS, "max_tokens": 64,
@@ -173,8 +173,8 @@ def test_named_call_is_schema_valid(server):
 
 
 def test_streamed_required_call_is_schema_valid(server):
-    from vllm_edge.agent.tools import TOOLS
     from vllm_edge.bench import toolcalls
+    from vllm_edge.common.phone_tools import TOOLS
 
     body = {"model": "default", "temperature": 0, "messages": ASK, "tools": TOOLS, "max_tokens": 64,
             "tool_choice": "required", "stream": True}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_edge.bench.llamacpp.runner import SKIP_REASON
+from vllm_edge.bench.engines.llamacpp import SKIP_REASON
 
 
 def need_llama_cpp() -> None:

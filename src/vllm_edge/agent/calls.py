@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_edge.agent.tools import TOOL_NAMES, TOOLS
+from vllm_edge.common.phone_tools import TOOL_NAMES, TOOLS
 
 # First required parameter of each tool, for positional text calls like tap(3).
 _FIRST_PARAM = {t["function"]["name"]: (t["function"]["parameters"]["required"] or [None])[0] for t in TOOLS}

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_edge.agent.loop import ChatFn, ContextOverflow
+from vllm_edge.bench.engines.chat import TOOL_CHOICES, ChatFn, ContextOverflow
 
 # vLLM's 400 for a prompt (or prompt + max_tokens) longer than max_model_len.
 _OVERFLOW_MARK = "maximum context length"
-# "auto": the model decides whether to call; "required": the server constrains decoding so
-# every reply is a call of one of the offered tools (vLLM: structured outputs via xgrammar).
-TOOL_CHOICES = ("auto", "required")
 
 
 def openai_chat(

@@ -10,24 +10,17 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from vllm_edge.agent import uitree
 from vllm_edge.agent.calls import Call, extract_calls
-from vllm_edge.agent.tools import TOOLS, Device, ToolError, execute, validate
-
-ChatFn = Callable[[list[dict], list[dict]], dict]
+from vllm_edge.agent.tools import Device, ToolError, execute, validate
+from vllm_edge.bench.engines.chat import ChatFn, ContextOverflow
+from vllm_edge.common.phone_tools import TOOLS
 
 # A reply without a tool call goes back into the history clipped to this: a small model's
 # rambling would otherwise fill the context window within a few turns.
 MAX_STORED_TEXT = 600
-
-
-class ContextOverflow(Exception):
-    """The request (history + screen + reply budget) does not fit the model's context.
-
-    Chat functions raise it so the loop can drop old turns and ask again.
-    """
 
 SYSTEM_PROMPT = """You operate an Android phone to complete a task for the user.
 Each turn you see the current screen as a numbered list of elements: [index] type "label", then

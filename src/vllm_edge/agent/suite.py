@@ -15,8 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from vllm_edge.agent.loop import SYSTEM_PROMPT, ChatFn, ContextOverflow, run_agent
+from vllm_edge.agent.loop import SYSTEM_PROMPT, run_agent
 from vllm_edge.agent.tasks import Outcome, Task
+from vllm_edge.bench.engines.chat import ChatFn, ContextOverflow
 from vllm_edge.common.schema import schema_errors
 
 MIN_RUNS_PER_TASK = 3  # below this a pass rate says little

@@ -1,10 +1,12 @@
-"""The action space: OpenAI tool schemas, argument validation, and execution on a device."""
+"""The action space on a device: argument validation and execution of the calls of
+:data:`vllm_edge.common.phone_tools.TOOLS`."""
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
 from vllm_edge.agent.uitree import UiTree
+from vllm_edge.common.phone_tools import DIRECTIONS, KEYS, TOOL_NAMES
 
 
 class Device(Protocol):
@@ -22,8 +24,6 @@ class ToolError(ValueError):
     """A call the model can correct: missing or invalid arguments."""
 
 
-KEYS = ("BACK", "HOME", "ENTER", "DEL")
-DIRECTIONS = ("up", "down", "left", "right")
 # Finger paths on a 1080x2400 screen; "up" moves the finger up, so a list shows what is below.
 SWIPES = {
     "up": (540, 1700, 540, 700),
@@ -31,30 +31,6 @@ SWIPES = {
     "left": (900, 1200, 180, 1200),
     "right": (180, 1200, 900, 1200),
 }
-
-
-def _fn(name: str, description: str, props: dict, required: list[str]) -> dict:
-    return {"type": "function", "function": {
-        "name": name, "description": description,
-        "parameters": {"type": "object", "properties": props, "required": required},
-    }}
-
-
-TOOLS: list[dict] = [
-    _fn("tap", "Tap the screen element with this index in the element list.",
-        {"index": {"type": "integer", "description": "element index, the number in [brackets]"}}, ["index"]),
-    _fn("type_text", "Type text into the focused input field (tap the field first).",
-        {"text": {"type": "string"}}, ["text"]),
-    _fn("swipe", "Swipe the screen. 'up' scrolls a list to show items further down.",
-        {"direction": {"type": "string", "enum": list(DIRECTIONS)}}, ["direction"]),
-    _fn("press_key", "Press a system key: BACK, HOME, ENTER or DEL (delete one character).",
-        {"key": {"type": "string", "enum": list(KEYS)}}, ["key"]),
-    _fn("open_app", "Launch an app by its name, e.g. 'Settings' or 'Clock'.",
-        {"name": {"type": "string"}}, ["name"]),
-    _fn("task_complete", "Call this once the task is done (also if it was already done before you started).",
-        {"summary": {"type": "string", "description": "one sentence on what you did"}}, ["summary"]),
-]
-TOOL_NAMES = tuple(t["function"]["name"] for t in TOOLS)
 
 
 def validate(name: str, args: dict[str, Any], tree: UiTree) -> tuple[dict[str, Any], bool]:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from vllm_edge.common.errors import EdgeError
+from vllm_edge.quant.formats.cpu_int4 import NAME as CPU_INT4
 
 # safetensors dtype strings -> bytes per element
 ST_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2,
@@ -194,13 +195,13 @@ def account(config: Mapping, specs: Mapping[str, TensorSpec], dtype: str = "bflo
     qcfg = config.get("quantization_config") or _text_config(config).get("quantization_config")
     method = str(qcfg.get("quant_method")).lower() if qcfg else None
     group = int(qcfg["group_size"]) if qcfg and qcfg.get("group_size") else None
-    if method == "cpu_int4" and group is None:
+    if method == CPU_INT4 and group is None:
         raise AccountingError(f"{where}: quantization_config (cpu_int4) has no group_size")
     tc = _text_config(config)
     tied = bool(tc.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
     acc = Accounting(model=model, dtype=dtype, quant_method=method, group_size=group,
                      kv_dtype=kv_dtype or dtype,
-                     layout=("cpu_int4 tinygemm" if method == "cpu_int4"
+                     layout=("cpu_int4 tinygemm" if method == CPU_INT4
                              else f"as stored ({method})" if method else dtype))
     acc.kv_bytes_per_context_token = kv_bytes_per_context_token(config, acc.kv_dtype, where)
 
@@ -210,7 +211,7 @@ def account(config: Mapping, specs: Mapping[str, TensorSpec], dtype: str = "bflo
         modules.setdefault(base, {})[leaf] = spec
 
     def module_bytes(base: str, parts: dict[str, TensorSpec]) -> tuple[int, int]:
-        if method == "cpu_int4" and "weight_packed" in parts:
+        if method == CPU_INT4 and "weight_packed" in parts:
             b, n = _cpu_int4_runtime_bytes(parts, group, base)
             return b + _extra_bytes(parts, CPU_INT4_PARTS, fbytes), n
         if any(p in parts for p in GPTQ_PARTS) and "qweight" in parts:
@@ -250,7 +251,7 @@ def account(config: Mapping, specs: Mapping[str, TensorSpec], dtype: str = "bflo
     if embed is not None:
         acc.notes.append(f"the embedding lookup reads one row ({acc.embedding_row_bytes} B) per "
                          f"token, not its {acc.embedding_table_bytes} B table")
-    if method and method != "cpu_int4":
+    if method and method != CPU_INT4:
         acc.notes.append(f"{method} tensors are counted as stored; vLLM's runtime repacking of "
                          "them is not modelled")
     return acc

@@ -346,7 +346,7 @@ def _batch_note(records: list[dict]) -> str | None:
 
 def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tuple[str, list[Path]]:
     """The generated markdown section and the PNGs written, from ``out_dir``'s grid summaries."""
-    from vllm_edge.bench import report
+    from vllm_edge.bench import render as report
     from vllm_edge.common import stats
 
     shown = Path(display_dir or out_dir)
@@ -532,7 +532,7 @@ def _fidelity_rows(fid: dict, fid_dir: Path, shown_dir: Path) -> list[dict]:
 def write_doc(out_dir: str | os.PathLike, doc: str | os.PathLike = DEFAULT_DOC,
               synthetic_1b: bool = False, title: str | None = None) -> dict:
     """Splice the rendered section into ``doc``; ``title`` names a user model's own page."""
-    from vllm_edge.bench import report
+    from vllm_edge.bench import render as report
     from vllm_edge.common import atomic
 
     out_dir, doc_path = Path(out_dir), Path(doc)

@@ -41,8 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_edge.agent import tools as agent_tools
 from vllm_edge.bench import soak, toolcalls
+from vllm_edge.common import phone_tools
 from vllm_edge.common.errors import EdgeError
 from vllm_edge.common.schema import schema_errors
 
@@ -71,7 +71,7 @@ def action_schema(nonce: str) -> dict:
     union of the six tools every time.
     """
     options = []
-    for t in agent_tools.TOOLS:
+    for t in phone_tools.TOOLS:
         fn = t["function"]
         options.append({"type": "object", "additionalProperties": False,
                         "properties": {"id": {"const": nonce}, "action": {"const": fn["name"]},
@@ -86,7 +86,7 @@ def tool_set(nonce: str) -> list[dict]:
     extra = {"type": "function", "function": {
         "name": f"note_{nonce}", "description": "Write a note for later.",
         "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
-    return [*agent_tools.TOOLS, extra]
+    return [*phone_tools.TOOLS, extra]
 
 
 def request_body(mode: str, kind: str, nonce: str, prompt_nonce: str, model: str, max_tokens: int) -> dict:
@@ -126,7 +126,7 @@ def verdict(mode: str, body: dict, message: dict, finish: str | None, nonce: str
 def _union_errors(value: dict, nonce: str) -> list[str]:
     """Errors against the action union (our checker has no anyOf/const: match the option)."""
     name = value.get("action")
-    fn = next((t["function"] for t in agent_tools.TOOLS if t["function"]["name"] == name), None)
+    fn = next((t["function"] for t in phone_tools.TOOLS if t["function"]["name"] == name), None)
     if fn is None or value.get("id") != nonce or set(value) != {"id", "action", "args"}:
         return ["not one of the actions"]
     return schema_errors(value["args"], fn["parameters"], "$.args")
@@ -318,8 +318,9 @@ class LlamaCppTarget:
     """The same requests on llama.cpp in this process, as the agent suite's llama.cpp arm
     serves them: the prompt rendered with the chat template serve would use, ``json_schema``
     through llama-cpp-python's JSON-schema-to-GBNF converter, ``tool_required`` through the
-    hermes-block grammar of :func:`vllm_edge.agent.llamacpp_chat.tool_grammar` (``auto`` for
-    the free twin, as vLLM's ``auto`` still holds an opened ``<tool_call>`` to the format),
+    hermes-block grammar of :func:`vllm_edge.bench.engines.llamacpp_chat.tool_grammar`
+    (``auto`` for the free twin, as vLLM's ``auto`` still holds an opened ``<tool_call>`` to
+    the format),
     greedy decoding that checks the argmax against the grammar first.
 
     llama.cpp has no compiled-grammar cache: every request parses its GBNF into a new sampler.
@@ -330,7 +331,7 @@ class LlamaCppTarget:
 
     def __init__(self, gguf: str | Path, *, chat_template: str | Path | None = None,
                  n_threads: int | None = None, n_ctx: int = 2048):
-        from vllm_edge.agent import llamacpp_chat as lc
+        from vllm_edge.bench.engines import llamacpp_chat as lc
 
         self.chat = lc.llamacpp_chat(gguf, n_ctx=n_ctx, n_threads=n_threads, chat_template=chat_template)
         self._gbnf: dict[str, str] = {}
@@ -344,7 +345,7 @@ class LlamaCppTarget:
     def _grammar_text(self, mode: str, kind: str, body: dict) -> str | None:
         from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-        from vllm_edge.agent import llamacpp_chat as lc
+        from vllm_edge.bench.engines import llamacpp_chat as lc
 
         if mode == "json_schema":
             if kind == "free":
@@ -361,8 +362,8 @@ class LlamaCppTarget:
         return self._gbnf[key]
 
     def send(self, mode: str, kind: str, body: dict) -> dict:
-        from vllm_edge.agent import llamacpp_chat as lc
-        from vllm_edge.bench.llamacpp.runner import GrammarGreedy, decode_until_eog
+        from vllm_edge.bench.engines import llamacpp_chat as lc
+        from vllm_edge.bench.engines.llamacpp import GrammarGreedy, decode_until_eog
 
         llm, max_tokens = self.chat.llm, body["max_tokens"]
         t0 = time.perf_counter()

@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 from vllm_edge.bench import speed
 from vllm_edge.common.errors import EdgeError
+from vllm_edge.quant.formats.cpu_int4 import NAME as CPU_INT4
 from vllm_edge.quant.groups import DEFAULT_GROUP
 
 SECTIONS = ("schedule", "prepare", "forward", "head", "sampler", "bookkeeping",
@@ -66,7 +67,7 @@ class StepError(EdgeError, RuntimeError):
 @dataclass
 class StepConfig:
     model: str = "default"
-    quant: str | None = "cpu_int4"
+    quant: str | None = CPU_INT4
     group: int = DEFAULT_GROUP
     dtype: str = "bfloat16"
     steps: int = 64

@@ -65,7 +65,7 @@ def _run_llamacpp(args, tasks, variants, system_prompt) -> int:
     """The same suite on llama.cpp in this process (llama-cpp-python): the GGUF loaded once,
     prompted with the template serve would give vLLM and constrained the way vLLM is."""
     from vllm_edge.agent import suite
-    from vllm_edge.agent.llamacpp_chat import llamacpp_chat
+    from vllm_edge.bench.engines.llamacpp_chat import llamacpp_chat
 
     tool_choice = "required" if args.constrained else "auto"
     try:

@@ -66,8 +66,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """HostBusy and LockHeld leave with the grid's exit codes (3, 4)."""
     from vllm_edge.bench import speed
+    from vllm_edge.bench.engines import llamacpp as llamacpp_runner
     from vllm_edge.bench.grid import runner as grid
-    from vllm_edge.bench.llamacpp import runner as llamacpp_runner
     from vllm_edge.cli.args import reported
     from vllm_edge.common import pinning
 

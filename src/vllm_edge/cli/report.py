@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vllm_edge.bench import report as results_report
+from vllm_edge.bench.report import results as results_report
 from vllm_edge.cli.args import reported
 
 NAME = "report"
@@ -24,7 +24,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_edge.bench import guide_tables
+    from vllm_edge.bench.report import guide_tables
 
     with reported(RuntimeError, ValueError):
         out = results_report.report(args.results, args.doc, args.plots_dir)

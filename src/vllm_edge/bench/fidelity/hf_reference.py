@@ -1,6 +1,6 @@
 """transformers as the vLLM-free reference engine on a safetensors directory.
 
-Same interface as :class:`~vllm_edge.bench.llamacpp.runner.LlamaCppRunner`
+Same interface as :class:`~vllm_edge.bench.engines.llamacpp.LlamaCppRunner`
 (token ids in, argmax tokens or logits out). ``dtype`` is the compute dtype;
 float32 on bf16 weights checks the conversion without bf16 activation noise.
 """

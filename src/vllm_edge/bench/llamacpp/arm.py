@@ -92,7 +92,7 @@ def run(gguf: str | os.PathLike, cfg: speed.SpeedConfig, *, pinning: dict | None
         use_mmap: bool = True, out: str | os.PathLike | None = None,
         log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     from vllm_edge.bench import prompts
-    from vllm_edge.bench.llamacpp import runner as llamacpp_runner
+    from vllm_edge.bench.engines import llamacpp as llamacpp_runner
     from vllm_edge.common import atomic, provenance
     from vllm_edge.common.procmem import TreeSampler, tree_rss_anon_mb
 

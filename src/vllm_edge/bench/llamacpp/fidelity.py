@@ -55,7 +55,7 @@ def run(ref: str | Path, cand: str | Path, tokenizer_dir: str | Path,
 
 
 def build_label(gguf: str | Path) -> str:
-    from vllm_edge.bench.llamacpp.runner import quantization_types
+    from vllm_edge.bench.engines.llamacpp import quantization_types
 
     return f"{Path(gguf).name} (llama.cpp {'/'.join(sorted(quantization_types(gguf)))})"
 
@@ -79,7 +79,7 @@ def collect(gguf: str | Path, prompt_ids: list[list[int]], chunks: list[list[int
     import torch
 
     from vllm_edge.bench import prompts as P
-    from vllm_edge.bench.llamacpp import runner as llamacpp_runner
+    from vllm_edge.bench.engines import llamacpp as llamacpp_runner
 
     longest = max((len(p) for p in prompt_ids), default=0) + greedy_tokens
     with llamacpp_runner.runner(gguf, n_ctx=longest, threads=threads) as r:
@@ -107,9 +107,9 @@ def against_reference(gguf: str | Path, *, save_ref: str | None = None, ref: str
     scored against one (a vLLM build's, or another GGUF's), with vLLM's token ids and metrics, so
     one table compares the engines on the same file."""
     from vllm_edge.bench import prompts as P
+    from vllm_edge.bench.engines import llamacpp as llamacpp_runner
     from vllm_edge.bench.fidelity import engine as fidelity
     from vllm_edge.bench.fidelity.defaults import DEFAULT_CORPUS_CHUNKS
-    from vllm_edge.bench.llamacpp import runner as llamacpp_runner
     from vllm_edge.common import atomic, provenance
 
     if (save_ref is None) == (ref is None):

@@ -36,7 +36,7 @@ from typing import Callable
 import numpy as np
 
 from vllm_edge.bench import prompts as fid_prompts
-from vllm_edge.bench.llamacpp import runner as llamacpp_runner
+from vllm_edge.bench.engines import llamacpp as llamacpp_runner
 
 
 @dataclass

@@ -37,8 +37,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vllm_edge.bench import speed
+    from vllm_edge.bench.engines import llamacpp as llamacpp_runner
     from vllm_edge.bench.llamacpp import arm
-    from vllm_edge.bench.llamacpp import runner as llamacpp_runner
     from vllm_edge.cli.args import reported
     from vllm_edge.common.pinning import core_set, parse_int_list, pin
 

@@ -34,8 +34,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_edge.bench.engines import llamacpp as llamacpp_runner
     from vllm_edge.bench.llamacpp import fidelity as llamacpp_fidelity
-    from vllm_edge.bench.llamacpp import runner as llamacpp_runner
     from vllm_edge.bench.llamacpp import verify as gguf_verify
     from vllm_edge.cli.args import reported
 

@@ -17,6 +17,8 @@ from vllm_edge.cli.args import (
 )
 from vllm_edge.cli.bench.speed import model_and_cores, pin_cores
 from vllm_edge.common.errors import EdgeError
+from vllm_edge.quant.formats.cpu_int4 import NAME as CPU_INT4
+from vllm_edge.quant.formats.gptq import NAME as GPTQ
 
 NAME = "step"
 HELP = "where one batch-1 decode step's wall time goes: scheduler, inputs, forward, head, sampler, output"
@@ -30,8 +32,8 @@ DESCRIPTION = ("Starts the `bench speed` engine in one process (compiled unless 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     add_model(p)
-    add_quant(p, choices=("cpu_int4", "gptq", "none"), default="cpu_int4", help="the embedded model's build (default cpu_int4; "
-              "'none' for the unquantized checkpoint)")
+    add_quant(p, choices=(CPU_INT4, GPTQ, "none"), default=CPU_INT4,
+              help=f"the embedded model's build (default {CPU_INT4}; 'none' for the unquantized checkpoint)")
     add_group(p, help="group size for --quant")
     add_torch_dtype(p)
     p.add_argument("--steps", type=int, default=64, help="decode steps timed (default 64)")

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_verify(gguf: str, model_dir, out: str | None) -> int:
     """0 passed (or llama.cpp absent, said loudly), 1 parity failed."""
-    from vllm_edge.bench.llamacpp import runner as llamacpp_runner
+    from vllm_edge.bench.engines import llamacpp as llamacpp_runner
     from vllm_edge.bench.llamacpp import verify as gguf_verify
     from vllm_edge.common import atomic, provenance
 

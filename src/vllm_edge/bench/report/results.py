@@ -3,8 +3,9 @@
 Only the text between the report markers is generated; anything written by
 hand outside them survives a regeneration. When the results directory is a
 repository's ``benchmarks/results``, the same run rewrites that repository's
-README "Measured so far" region from :data:`vllm_edge.bench.claims.CLAIMS`. Every table and figure is followed
-by a ``Source:`` line naming the artifact files it was drawn from.
+README "Measured so far" region from :data:`vllm_edge.bench.report.claims.CLAIMS`.
+Every table and figure is followed by a ``Source:`` line naming the artifact files it
+was drawn from. Artifacts, tables, marker splicing and plots: :mod:`vllm_edge.bench.render`.
 """
 
 from __future__ import annotations
@@ -12,11 +13,24 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_edge.bench.render import (
+    Artifact,
+    fmt,
+    load_artifacts,
+    plot_fidelity,
+    plot_memory,
+    plot_speed,
+    source_line,
+    speed_metrics,
+    splice,
+    table,
+)
 from vllm_edge.common import atomic, stats
+from vllm_edge.quant.formats.cpu_int4 import NAME as CPU_INT4
+from vllm_edge.quant.formats.gptq import NAME as GPTQ
 
 BEGIN = "<!-- report:begin -->"
 END = "<!-- report:end -->"
@@ -40,73 +54,6 @@ FIDELITY_COLS = [("greedy", "exact_matches_str", "exact"), ("greedy", "kept_frac
                  ("teacher_forced", "top1_agreement", "top-1"), ("teacher_forced", "kl_mean", "KL mean"),
                  ("teacher_forced", "kl_median", "KL median"), ("teacher_forced", "kl_p99", "KL p99"),
                  ("teacher_forced", "delta_logprob", "Δ log-prob"), ("teacher_forced", "coverage", "coverage")]
-
-
-@dataclass
-class Artifact:
-    source: str          # how the docs name it, e.g. benchmarks/results/speed.json or ...jsonl:3
-    data: dict
-
-    @property
-    def kind(self) -> str:
-        return str(self.data.get("benchmark") or "other")
-
-    @property
-    def build(self) -> str:
-        return str(self.data.get("build") or Path(self.source.split(":")[0]).stem)
-
-
-def load_artifacts(results_dir: str | os.PathLike, display: str | None = None) -> tuple[list[Artifact], list[str]]:
-    """Artifacts in file-name order, plus ``file: reason`` for files that could not be read."""
-    rdir = Path(results_dir)
-    shown = (display or str(results_dir)).rstrip("/")
-    arts: list[Artifact] = []
-    skipped: list[str] = []
-    files = sorted(p for p in rdir.glob("*") if p.suffix in (".json", ".jsonl") and p.is_file())
-    for f in files:
-        name = f"{shown}/{f.name}"
-        try:
-            if f.suffix == ".json":
-                obj = json.loads(f.read_text())
-                items = [(name, obj)]
-            else:
-                items = [(f"{name}:{i + 1}", json.loads(line))
-                         for i, line in enumerate(f.read_text().splitlines()) if line.strip()]
-        except (OSError, json.JSONDecodeError) as exc:
-            skipped.append(f"{name}: {exc}")
-            continue
-        for src, obj in items:
-            if isinstance(obj, dict):
-                arts.append(Artifact(src, obj))
-            else:
-                skipped.append(f"{src}: not a JSON object")
-    return arts, skipped
-
-
-def _fmt(v: Any, digits: int = 4) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:.{digits}g}"
-    return str(v)
-
-
-def table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(_fmt(c) for c in r) + " |" for r in rows]
-    return out
-
-
-def _source(arts: list[Artifact]) -> str:
-    names = sorted({a.source.split(":")[0] for a in arts})
-    return "Source: " + ", ".join(f"`{n}`" for n in names)
-
-
-def _speed_metrics(a: Artifact) -> dict[str, dict]:
-    m = a.data.get("metrics") or {}
-    if not m and a.data.get("runs"):
-        m = {k: stats.summarize(v, k) for k, v in a.data["runs"].items()}
-    return {k: s for k, s in m.items() if isinstance(s, dict) and s.get("median") is not None}
 
 
 def _model_name(a: Artifact) -> str:
@@ -161,96 +108,6 @@ def _cell(s: dict | None) -> str:
     return f"{s['median']:.4g} ({s['min']:.4g}–{s['max']:.4g}, spread {sp}, n={s['n']})"
 
 
-# --- plots -------------------------------------------------------------------
-
-def _plt():
-    try:
-        import matplotlib
-    except ImportError:
-        raise RuntimeError("the report needs matplotlib: pip install 'vllm-edge[plot]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _footer(fig: Any, arts: list[Artifact]) -> None:
-    fig.text(0.01, 0.005, _source(arts).replace("`", ""), fontsize=7, ha="left", va="bottom")
-
-
-def unit(metric: str) -> str:
-    m = metric.lower()
-    return ("tokens/s" if m.endswith("_tps") else "MB" if m.endswith("_mb") else "s" if m.endswith("_s")
-            else "")
-
-
-def plot_speed(arts: list[Artifact], path: Path) -> None:
-    """One panel per metric; a bar per build at the median, error bars min–max."""
-    plt = _plt()
-    metrics = sorted({k for a in arts for k in _speed_metrics(a)})
-    fig, axes = plt.subplots(1, len(metrics), figsize=(max(4.0, 3.2 * len(metrics)), 3.8), squeeze=False)
-    for ax, m in zip(axes[0], metrics):
-        rows = [(a.build, _speed_metrics(a)[m]) for a in arts if m in _speed_metrics(a)]
-        med = [s["median"] for _, s in rows]
-        err = [[s["median"] - s["min"] for _, s in rows], [s["max"] - s["median"] for _, s in rows]]
-        ax.bar(range(len(rows)), med, yerr=err, capsize=4, color="tab:blue")
-        ax.set_xticks(range(len(rows)), [b for b, _ in rows], rotation=20, ha="right", fontsize=7)
-        ax.set_title(f"{m}\n(median, bars min–max)", fontsize=9)
-        ax.set_ylabel(unit(m))
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    _footer(fig, arts)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_memory(arts: list[Artifact], path: Path) -> None:
-    plt = _plt()
-    phases = sorted({p for a in arts for p in a.data["memory_phases"]})
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(phases) * max(1, len(arts))), 3.8))
-    width = 0.8 / max(1, len(arts))
-    for i, a in enumerate(arts):
-        vals = [a.data["memory_phases"].get(p) or 0 for p in phases]
-        ax.bar([j + i * width for j in range(len(phases))], vals, width, label=a.build)
-    ax.set_xticks([j + width * (len(arts) - 1) / 2 for j in range(len(phases))], phases, fontsize=7)
-    ax.set_ylabel("RssAnon over the process tree (MB)")
-    ax.set_title("memory per phase", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    _footer(fig, arts)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_fidelity(arts: list[Artifact], path: Path) -> None:
-    plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.8))
-    names = [a.build for a in arts]
-    tf = [a.data["teacher_forced"] for a in arts]
-    gr = [a.data.get("greedy") or {} for a in arts]
-    axes[0].bar(range(len(arts)), [t["kl_mean"] for t in tf],
-                yerr=[[0] * len(arts), [max(0.0, t["kl_p99"] - t["kl_mean"]) for t in tf]],
-                capsize=4, color="tab:red")
-    axes[0].set_title("KL(ref‖cand) mean (bar to p99)", fontsize=9)
-    axes[1].bar(range(len(arts)), [t["top1_agreement"] for t in tf], color="tab:green")
-    axes[1].set_ylim(0, 1.05)
-    axes[1].set_title("teacher-forced top-1 agreement", fontsize=9)
-    x = list(range(len(arts)))
-    w = 0.4
-    axes[2].bar([i - w / 2 for i in x], [g.get("exact_matches", 0) / max(1, g.get("prompts") or 1) for g in gr],
-                w, label="exact matches", color="tab:purple")
-    axes[2].bar([i + w / 2 for i in x], [g.get("kept_fraction") or 0 for g in gr], w,
-                label="kept before divergence", color="tab:orange")
-    axes[2].set_ylim(0, 1.3)
-    axes[2].set_title("greedy: exact prompts / tokens kept", fontsize=9)
-    axes[2].legend(fontsize=7)
-    for ax in axes:
-        ax.set_xticks(range(len(arts)), names, rotation=20, ha="right", fontsize=7)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    _footer(fig, arts)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 # --- the document ------------------------------------------------------------
 
 def _headline(speed: list[Artifact], fid: list[Artifact]) -> list[str]:
@@ -259,19 +116,19 @@ def _headline(speed: list[Artifact], fid: list[Artifact]) -> list[str]:
     lines = ["## Default model: bf16 against the best 4-bit path", ""]
     mine = [a for a in speed if _is_vllm(a) and _is_default_model(a)]
     bf16 = [a for a in mine if _quant(a) is None]
-    four = [a for a in mine if _quant(a) in ("cpu_int4", "gptq", "awq")]
+    four = [a for a in mine if _quant(a) in (CPU_INT4, GPTQ, "awq")]
     if not bf16 or not four:
         missing = " and ".join(w for w, have in (("bf16", bf16), ("4-bit", four)) if not have)
         return lines + [f"No {missing} `bench speed` artifact of the default model yet "
                         "(`vllm-edge bench speed [--quant cpu_int4] --out ...`).", ""]
 
     def tg(a: Artifact) -> float:
-        k = _tg_key(_speed_metrics(a))
-        return _speed_metrics(a)[k]["median"] if k else float("-inf")
+        k = _tg_key(speed_metrics(a))
+        return speed_metrics(a)[k]["median"] if k else float("-inf")
 
     base = max(bf16, key=lambda a: str((a.data.get("provenance") or {}).get("timestamp") or ""))
     best = max(four, key=tg)
-    mb, mq = _speed_metrics(base), _speed_metrics(best)
+    mb, mq = speed_metrics(base), speed_metrics(best)
     rows = []
     for k in [k for k in mb if k in mq]:
         r = stats.rank({"bf16": dict(mb[k], flags=list(mb[k].get("flags") or [])),
@@ -284,12 +141,12 @@ def _headline(speed: list[Artifact], fid: list[Artifact]) -> list[str]:
         rows.append([k, _cell(mb[k]), _cell(mq[k]), None if ratio is None else f"{ratio:.2f}×", verdict])
     tb, tq = base.data.get("traffic") or {}, best.data.get("traffic") or {}
     for k in [k for k in tb if k in tq]:
-        for field, label, fmt in (("bytes_per_token", "MB/token", _mb),
-                                  ("gb_per_s_effective", "GB/s effective", lambda v: _fmt(v)),
-                                  ("pct_of_ceiling", "% of ceiling", _pct)):
+        for field, label, show in (("bytes_per_token", "MB/token", _mb),
+                                   ("gb_per_s_effective", "GB/s effective", lambda v: fmt(v)),
+                                   ("pct_of_ceiling", "% of ceiling", _pct)):
             a_, b_ = tb[k].get(field), tq[k].get(field)
             ratio = f"{b_ / a_:.2f}×" if a_ and b_ is not None else None
-            rows.append([f"{k}: {label}", fmt(a_), fmt(b_), ratio, "derived"])
+            rows.append([f"{k}: {label}", show(a_), show(b_), ratio, "derived"])
     fb = _fidelity_for(_model_name(best), fid)
     if fb:
         g, t = fb.data.get("greedy") or {}, fb.data["teacher_forced"]
@@ -306,7 +163,7 @@ def _headline(speed: list[Artifact], fid: list[Artifact]) -> list[str]:
               "from a quiet-host run.", ""]
     lines += table(header, rows)
     srcs = [base, best] + ([fb] if fb else [])
-    lines += ["", _source(srcs), ""]
+    lines += ["", source_line(srcs), ""]
     if not fb:
         lines += [f"No fidelity artifact for `{_model_name(best)}` yet "
                   "(`vllm-edge fidelity --ref DIR --quant cpu_int4 --out ...`).", ""]
@@ -321,7 +178,7 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
 
     lines = [f"_Generated by `vllm-edge report` from `{results_display}/`; edit outside the markers._", ""]
     written: list[Path] = []
-    speed = [a for a in arts if a.kind == "speed" and _speed_metrics(a)]
+    speed = [a for a in arts if a.kind == "speed" and speed_metrics(a)]
     fid = [a for a in arts if a.kind == "fidelity" and isinstance(a.data.get("teacher_forced"), dict)]
     mem = [a for a in arts if isinstance(a.data.get("memory_phases"), dict) and a.data["memory_phases"]]
     bws = [a for a in arts if a.kind == "bandwidth" and isinstance(a.data.get("metrics"), dict)]
@@ -335,24 +192,24 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
         for a in speed:
             cfg = a.data.get("config") or {}
             threads = (a.data.get("pinning") or {}).get("threads") or cfg.get("threads")
-            for k, s in _speed_metrics(a).items():
+            for k, s in speed_metrics(a).items():
                 rows.append([a.build, k, s.get("best"), s["median"], s.get("min"), s.get("max"),
                              None if s.get("spread_pct") is None else f"{s['spread_pct']:.1f}%",
                              s.get("n"), threads, "; ".join(s.get("flags") or []) or "–",
                              f"`{a.source}`"])
         lines += table(["build", "metric", "best", "median", "min", "max", "spread", "n", "threads",
                          "flags", "artifact"], rows)
-        lines += ["", _source(speed), ""]
+        lines += ["", source_line(speed), ""]
         loads = [[a.build, a.data.get("load_s"), f"`{a.source}`"] for a in speed if a.data.get("load_s")]
         if loads:
-            lines += table(["build", "engine load (s)", "artifact"], loads) + ["", _source(speed), ""]
+            lines += table(["build", "engine load (s)", "artifact"], loads) + ["", source_line(speed), ""]
         if len(speed) > 1:
             lines += ["Builds measured in separate runs are not interleaved: compare them only "
                       "through a `vllm-edge grid` run, and not inside their spreads.", ""]
         p = plots_dir / PLOT_NAMES["speed"]
         plot_speed(speed, p)
         written.append(p)
-        lines += [f"![speed per build]({img(p.name)})", "", _source(speed), ""]
+        lines += [f"![speed per build]({img(p.name)})", "", source_line(speed), ""]
     else:
         lines += ["No speed artifacts yet (`vllm-edge bench speed --out ...`).", ""]
 
@@ -374,7 +231,7 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
         lines += table(["build", "metric", "weights (MB)", "KV (MB)", "context", "bytes/token (MB)",
                          "bits/weight (linears+head)", "tied head", "GB/s (median)", "ceiling GB/s",
                          "% of ceiling", "artifact"], rows)
-        lines += ["", _source(traffic), ""]
+        lines += ["", source_line(traffic), ""]
 
     lines += ["## Read bandwidth", ""]
     if bws:
@@ -388,7 +245,7 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
                          m.get("n"), "; ".join(m.get("flags") or []) or "–", f"`{a.source}`"])
         lines += table(["build", "cores", "buffer", "× LLC", "ceiling GB/s (best)", "median GB/s",
                          "spread", "n", "flags", "artifact"], rows)
-        lines += ["", _source(bws), ""]
+        lines += ["", source_line(bws), ""]
     else:
         lines += ["No bandwidth artifacts yet (`vllm-edge bandwidth`).", ""]
 
@@ -398,11 +255,11 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
         rows = [[a.build, *[a.data["memory_phases"].get(p) for p in phases], f"`{a.source}`"] for a in mem]
         lines += table(["build", *[f"{p} (MB)" for p in phases], "artifact"], rows)
         lines += ["", "RssAnon summed over the process tree (engine core and workers included).", "",
-                  _source(mem), ""]
+                  source_line(mem), ""]
         p = plots_dir / PLOT_NAMES["memory"]
         plot_memory(mem, p)
         written.append(p)
-        lines += [f"![memory per phase]({img(p.name)})", "", _source(mem), ""]
+        lines += [f"![memory per phase]({img(p.name)})", "", source_line(mem), ""]
     else:
         lines += ["No artifacts with `memory_phases` yet.", ""]
 
@@ -412,11 +269,11 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
                  *[a.data.get(part, {}).get(key) for part, key, _ in FIDELITY_COLS], f"`{a.source}`"]
                 for a in fid]
         lines += table(["build", "reference", *[c for _, _, c in FIDELITY_COLS], "artifact"], rows)
-        lines += ["", _source(fid), ""]
+        lines += ["", source_line(fid), ""]
         p = plots_dir / PLOT_NAMES["fidelity"]
         plot_fidelity(fid, p)
         written.append(p)
-        lines += [f"![fidelity per build]({img(p.name)})", "", _source(fid), ""]
+        lines += [f"![fidelity per build]({img(p.name)})", "", source_line(fid), ""]
     else:
         lines += ["No fidelity artifacts yet (`vllm-edge fidelity --ref DIR --out ...`).", ""]
 
@@ -426,7 +283,7 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
         keys = [k for k in aot[0].data["summary"] if not isinstance(aot[0].data["summary"][k], (dict, list))]
         rows = [[k, *[a.data["summary"].get(k) for a in aot]] for k in keys]
         lines += table(["summary", *[f"`{a.source}`" for a in aot], ], rows)
-        lines += ["", _source(aot), ""]
+        lines += ["", source_line(aot), ""]
         used |= set(map(id, aot))
 
     lines += grid_sections(Path(results_display), results_display)
@@ -444,7 +301,7 @@ def grid_cell(s: dict | None) -> str:
     if not s or s.get("median") is None:
         return "–"
     spread = "" if s.get("spread_pct") is None else f" ±{s['spread_pct'] / 2:.0f}%"
-    return f"{_fmt(s['median'])}{spread}"
+    return f"{fmt(s['median'])}{spread}"
 
 
 def _description(text: str) -> str:
@@ -494,20 +351,10 @@ def grid_sections(results_dir: Path, results_display: str) -> list[str]:
     return lines
 
 
-def splice(doc: str, body: str, begin: str = BEGIN, end: str = END) -> str:
-    """Replace the text between the markers; append the markers if there are none."""
-    b, e = doc.find(begin), doc.find(end)
-    if b == -1 and e == -1:
-        return doc.rstrip("\n") + f"\n\n{begin}\n{body}{end}\n"
-    if b == -1 or e == -1 or e < b:
-        raise ValueError(f"unbalanced report markers: need {begin} before {end}")
-    return doc[:b + len(begin)] + "\n" + body + doc[e:]
-
-
 def splice_readme(results_dir: str | os.PathLike, readme: str | os.PathLike) -> bool:
     """Rewrite README's measured region from :data:`claims.CLAIMS`; False (nothing written)
     when the file is missing or has no measured markers."""
-    from vllm_edge.bench import claims
+    from vllm_edge.bench.report import claims
 
     path = Path(readme)
     if not path.exists():
@@ -541,7 +388,7 @@ def report(results_dir: str | os.PathLike = DEFAULT_RESULTS, doc: str | os.PathL
     arts, skipped = load_artifacts(rdir, str(results_dir))
     body, written = render(arts, skipped, pdir, doc_path, str(results_dir).rstrip("/"))
     old = doc_path.read_text() if doc_path.exists() else NEW_DOC
-    atomic.write_text(doc_path, splice(old, body))
+    atomic.write_text(doc_path, splice(old, body, BEGIN, END))
     readme_path = Path(readme) if readme else default_readme(rdir)
     spliced = readme_path is not None and splice_readme(rdir, readme_path)
     return {"doc": str(doc_path), "plots": [str(p) for p in written], "artifacts": len(arts),

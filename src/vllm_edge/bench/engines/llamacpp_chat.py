@@ -1,7 +1,9 @@
-"""A chat callable for the agent loop on llama.cpp (llama-cpp-python), in this process.
+"""A chat callable on llama.cpp (llama-cpp-python), in this process: the agent loop's llama.cpp
+engine and ``bench constrained``'s llama.cpp target.
 
-Same contract as :func:`vllm_edge.agent.client.openai_chat`, so the loop and the suite are the
-same code for both engines. Each piece mirrors what ``vllm-edge serve`` makes vLLM do:
+Same contract (:mod:`vllm_edge.bench.engines.chat`) as :func:`vllm_edge.agent.client.openai_chat`,
+so the loop and the suite are the same code for both engines. Each piece mirrors what
+``vllm-edge serve`` makes vLLM do:
 
 - the prompt: the chat template serve would pick for the model (for SmolLM2,
   ``data/smollm2_tools.jinja``), rendered by transformers' Jinja renderer, the one vLLM uses,
@@ -30,8 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_edge.agent.client import TOOL_CHOICES
-from vllm_edge.agent.loop import ContextOverflow
+from vllm_edge.bench.engines.chat import TOOL_CHOICES, ContextOverflow
 
 START, END, NL = "<tool_call>", "</tool_call>", "\n"
 # JSON forbids raw control characters in strings; the converter's own rule lets them through,
@@ -251,7 +252,7 @@ class LlamaCppChat:
         """Greedy decoding under ``grammar`` the way llama.cpp's own sampler checks a grammar
         (the argmax first, the whole vocabulary only when it is rejected), reusing the cached
         prefix of the previous turn as ``create_completion`` does."""
-        from vllm_edge.bench.llamacpp.runner import GrammarGreedy, decode_until_eog
+        from vllm_edge.bench.engines.llamacpp import GrammarGreedy, decode_until_eog
 
         llm = self.llm
         keep = 0

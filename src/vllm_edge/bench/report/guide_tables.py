@@ -16,8 +16,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vllm_edge.bench.report import grid_cell, splice
+from vllm_edge.bench.render import splice
+from vllm_edge.bench.report.results import grid_cell
 from vllm_edge.common import atomic
+from vllm_edge.quant.formats.cpu_int4 import NAME as CPU_INT4
+from vllm_edge.quant.formats.gptq import NAME as GPTQ
 
 AGENT_DOC = "docs/guide/agent.md"
 SERVE_DOC = "docs/guide/serve.md"
@@ -49,7 +52,7 @@ def build_name(root: str | None) -> str:
     name = Path(str(root or "")).name
     if not name:
         return "?"
-    for quant in ("cpu_int4", "gptq"):
+    for quant in (CPU_INT4, GPTQ):
         if f"-{quant}" in name:
             group = name.rsplit("-", 1)[-1]
             return f"{quant} {group}" if group.startswith("g") and group[1:].isdigit() else quant

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from vllm_edge.agent import uitree
 from vllm_edge.agent.calls import Call, extract_calls
 from vllm_edge.agent.tools import TOOLS, Device, ToolError, execute, validate
+from vllm_edge.common.errors import EdgeError
 
 ChatFn = Callable[[list[dict], list[dict]], dict]
 
@@ -23,7 +24,7 @@ ChatFn = Callable[[list[dict], list[dict]], dict]
 MAX_STORED_TEXT = 600
 
 
-class ContextOverflow(Exception):
+class ContextOverflow(EdgeError):
     """The request (history + screen + reply budget) does not fit the model's context.
 
     Chat functions raise it so the loop can drop old turns and ask again.

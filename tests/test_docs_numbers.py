@@ -1,8 +1,9 @@
 """Docs cannot drift from the artifacts: every measured figure is rendered from its artifact.
 
-- README's "Measured so far" region, docs/results/results.md and docs/results/comparisons.md
-  are re-rendered from benchmarks/results/ and compared with the committed text; docs/results/
-  holds nothing written by hand.
+- README's measured region (the headline claims), docs/results/measured.md (every claim),
+  docs/results/results.md and docs/results/comparisons.md are re-rendered from
+  benchmarks/results/ and compared with the committed text; docs/results/ holds nothing written
+  by hand.
 - Outside those, no doc quotes a measured figure (tok/s, MB, GB/s, ms, µs, an ×/x ratio): it
   names the artifact or the generated page instead.
 - Every relative link in README.md and docs/ resolves, nothing points outside the repository,
@@ -26,7 +27,9 @@ from vllm_edge.bench.report import results as results_report
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = "benchmarks/results"
 README = REPO / "README.md"
+CHANGELOG = REPO / "CHANGELOG.md"
 DOCS = REPO / "docs"
+PAGE = REPO / claims.PAGE
 
 
 def _diff(want: str, got: str) -> list[str]:
@@ -40,6 +43,11 @@ def _diff(want: str, got: str) -> list[str]:
 def readme_mismatches(readme_text: str, results_dir: Path, readme_path: Path = README) -> list[str]:
     want = splice(readme_text, claims.render(results_dir, readme_path), claims.BEGIN, claims.END)
     return _diff(readme_text, want)
+
+
+def page_mismatches(page_text: str, results_dir: Path, page_path: Path = PAGE) -> list[str]:
+    want = report.splice(claims.PAGE_DOC, claims.render_page(results_dir, page_path), claims.BEGIN, claims.END)
+    return _diff(page_text, want)
 
 
 def _region(text: str) -> str:
@@ -73,28 +81,69 @@ def test_a_tampered_readme_figure_fails():
     assert bad and any(f"{int(m.group(1)) + 8} MB" in b for b in bad)
 
 
-def test_a_changed_artifact_fails(monkeypatch):
+@pytest.mark.parametrize("artifact,key,on_readme", [
+    ("grid/vlm/summary.json", ("metrics", "peak_rss_anon_mb", "arms", "bf16", "median"), False),
+    ("grid/levers/summary.json", ("metrics", "peak_tree_rss_anon_mb", "arms", "edge (all levers)", "median"), True),
+])
+def test_a_changed_artifact_fails(monkeypatch, artifact, key, on_readme):
     real = claims.load
 
-    def tampered(results_dir, artifact):
-        data = real(results_dir, artifact)
-        if artifact == "grid/vlm/summary.json":
+    def tampered(results_dir, name):
+        data = real(results_dir, name)
+        if name == artifact:
             data = json.loads(json.dumps(data))
-            data["metrics"]["peak_rss_anon_mb"]["arms"]["bf16"]["median"] += 8.0
+            leaf = data
+            for k in key[:-1]:
+                leaf = leaf[k]
+            leaf[key[-1]] += 8.0
         return data
 
     monkeypatch.setattr(claims, "load", tampered)
-    assert readme_mismatches(README.read_text(), REPO / RESULTS)
+    assert page_mismatches(PAGE.read_text(), REPO / RESULTS)
+    assert bool(readme_mismatches(README.read_text(), REPO / RESULTS)) is on_readme
 
 
-def test_every_claim_names_a_build_and_links_its_artifact():
+def test_the_measured_page_matches_the_artifacts():
+    bad = page_mismatches(PAGE.read_text(), REPO / RESULTS)
+    assert not bad, (f"{claims.PAGE} differs from the artifacts; regenerate it with `vllm-edge report`:\n"
+                     + "\n".join(bad))
+
+
+def test_every_claim_names_a_build_and_host_and_links_its_artifact():
+    page = PAGE.read_text()
     for c in claims.CLAIMS:
         fig = claims.evaluate(c, REPO / RESULTS)
         assert fig.build and "?" not in fig.build.split(" / "), c.label
+        assert fig.host and "?" not in fig.host.split(" / "), c.label
         assert (REPO / RESULTS / c.artifact.partition(":")[0]).is_file(), c.artifact
+        assert f"[{c.artifact}](../../benchmarks/results/{c.artifact.partition(':')[0]})" in page
+
+
+def test_the_readme_holds_only_the_headline_each_row_with_its_host_and_section():
     region = _region(README.read_text())
-    for c in claims.CLAIMS:
-        assert f"[{c.artifact}](benchmarks/results/{c.artifact.partition(':')[0]})" in region
+    rows = [ln for ln in region.splitlines() if ln.startswith("| ") and not ln.startswith("| figure ")]
+    headline = claims.headline_claims()
+    assert 5 <= len(rows) == len(headline) <= 10
+    sections = {claims.slug(c.section) for c in claims.CLAIMS}
+    for row, (c, shown) in zip(rows, headline):
+        cells = [x.strip() for x in row.strip("|").split("|")]
+        assert cells[0] == shown and cells[4] == claims.evaluate(c, REPO / RESULTS).host, row
+        anchor = re.search(r"\]\(docs/results/measured\.md#([\w-]+)\)", cells[5])
+        assert anchor and anchor.group(1) in sections, row
+    page_headings = {claims.slug(h) for h in re.findall(r"^## (.+)$", PAGE.read_text(), re.M)}
+    assert sections == page_headings
+
+
+def test_a_headline_naming_no_claim_fails(monkeypatch):
+    monkeypatch.setattr(claims, "HEADLINE", (("aot_cache.json", "no such label", "x"),))
+    with pytest.raises(KeyError, match="no such label"):
+        claims.headline_claims()
+
+
+def test_the_host_comes_from_the_provenance():
+    prov = {"cpu": {"model": "Intel(R) Xeon(R) Platinum 8480+"}, "core_set": [0, 1, 2, 3]}
+    assert claims._host({"provenance": prov}) == "Intel Xeon Platinum 8480+, 4 cores"
+    assert claims._host({}) is None
 
 
 def test_noise_flags_travel_with_the_figure(tmp_path):
@@ -138,7 +187,7 @@ def test_comparisons_md_is_generated_only(monkeypatch, no_plots):
 
 
 def test_docs_results_holds_only_generated_files():
-    assert sorted(p.name for p in (DOCS / "results").iterdir()) == ["comparisons.md", "results.md"]
+    assert sorted(p.name for p in (DOCS / "results").iterdir()) == ["comparisons.md", "measured.md", "results.md"]
 
 
 # --- the guides' generated tables -------------------------------------------------------
@@ -202,6 +251,7 @@ def _hand_written_docs() -> dict[str, str]:
     text = README.read_text()
     docs["README.md (outside the measured region)"] = (text[:text.index(claims.BEGIN)]
                                                        + text[text.index(claims.END):])
+    docs["CHANGELOG.md"] = CHANGELOG.read_text()
     return docs
 
 
@@ -226,7 +276,7 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def _all_docs() -> list[Path]:
-    return [README, *sorted(DOCS.rglob("*.md"))]
+    return [README, CHANGELOG, *sorted(DOCS.rglob("*.md"))]
 
 
 def test_every_relative_link_resolves():
@@ -255,7 +305,7 @@ def test_every_code_path_named_in_the_docs_exists():
 
 
 def _repo_text_files() -> list[Path]:
-    files = [README, *DOCS.rglob("*.md")]
+    files = [README, CHANGELOG, *DOCS.rglob("*.md")]
     for top in ("src", "tests", "scripts"):
         files += [p for p in (REPO / top).rglob("*") if p.is_file() and p.suffix in {".py", ".md", ".c", ".sh", ".json"}]
     return files
@@ -312,8 +362,10 @@ def test_report_splices_the_readme_region(tmp_path, no_plots):
     text = readme.read_text()
     assert out["readme"] == str(readme)
     assert text.startswith("# Mine\n\nBy hand.") and text.rstrip().endswith("After.")
-    assert "stale" not in text and "| figure | value | flags | build | artifact |" in text
+    assert "stale" not in text and "| figure | value | flags | build | host | more |" in text
     assert not readme_mismatches(text, REPO / RESULTS, readme)
+    page = tmp_path / claims.PAGE  # every claim goes beside the README it belongs to
+    assert not page_mismatches(page.read_text(), REPO / RESULTS, page)
 
 
 def test_only_a_repositorys_results_own_a_readme(tmp_path):
@@ -339,3 +391,14 @@ def test_the_toolcalls_table_counts_violations_apart_from_cuts_and_timeouts(tmp_
     assert "| L | cpu_int4 g32, `--quant auto` | 1.0 | yes | 10 | 6 | 1 | 2 | 1 | 100 s |" in text
     rows = [ln for ln in text.splitlines() if "stress_x.json" in ln]
     assert len(rows) == 2 and "stopped before its last cell" in rows[1] and "other.json" not in text
+
+
+def test_links_into_the_measured_page_name_its_sections():
+    headings = {claims.slug(h) for h in re.findall(r"^## (.+)$", PAGE.read_text(), re.M)}
+    bad = []
+    for doc in _all_docs():
+        for target in LINK.findall(doc.read_text()):
+            path, _, anchor = target.partition("#")
+            if anchor and path and (doc.parent / path).resolve() == PAGE.resolve() and anchor not in headings:
+                bad.append(f"{doc.relative_to(REPO)}: {target}")
+    assert not bad, "links to sections docs/results/measured.md does not have:\n" + "\n".join(bad)

@@ -83,9 +83,13 @@ def test_the_run_guide_table_names_each_arms_commit(tmp_path):
         "before": {**arm, "env": {"PYTHONPATH": "/tmp/old/src"}, "source": {"path": "/tmp/old/src/vllm_edge",
                                                                             "git": "abc1234def"}},
         "after": {**arm, "env": {}, "source": {"path": "/x", "git": "0123456789-dirty"}},
-        "older": {**arm, "env": {}}}}
+        "older": {**arm, "env": {}},
+        "elsewhere": {**arm, "env": {"PYTHONPATH": "/tmp/wt-x/src", "VLLM_EDGE_GC_FREEZE": "0"}}}}
     (tmp_path / "startup").mkdir()
     (tmp_path / "startup" / "a.json").write_text(json.dumps(art))
     text = guide_tables.render_startup(tmp_path, tmp_path / "run.md")
-    assert "| before | `PYTHONPATH=/tmp/old/src` | `abc1234` | 9.5 s (9.0–10.0) |" in text
+    # a checkout on the measuring host is named by its commit, never by its path
+    assert "| before | `PYTHONPATH=<checkout at abc1234>` | `abc1234` | 9.5 s (9.0–10.0) |" in text
     assert "| after | – | `0123456` (dirty) |" in text and "| older | – | – |" in text
+    assert "| elsewhere | `PYTHONPATH=<another checkout>`, `VLLM_EDGE_GC_FREEZE=0` | – |" in text
+    assert "/tmp/" not in text

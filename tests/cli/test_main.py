@@ -69,3 +69,22 @@ def test_arguments_after_double_dash_are_only_for_serve(capsys):
         cli.main(["doctor", "--", "--foo"])
     assert exc.value.code == 2
     assert "only for `serve`" in capsys.readouterr().err
+
+
+def test_a_real_error_through_python_m_is_one_line_without_a_traceback(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
+               VLLM_EDGE_HOME=str(tmp_path / "home"))
+    missing = tmp_path / "no-such-model"
+    proc = subprocess.run([sys.executable, "-m", "vllm_edge.cli", "run", "--model", str(missing),
+                           "--keep-alive", "0", "--prompt", "hi"],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [f"error: {missing}: no such model directory, and not an embedded model name"], lines

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from vllm_edge.agent import android
+from vllm_edge.common.errors import EdgeError
 
 
 @dataclass
@@ -23,7 +24,7 @@ class RunResult:
 Transport = Callable[[list[str]], RunResult]
 
 
-class AdbError(RuntimeError):
+class AdbError(EdgeError, RuntimeError):
     """adb itself failed (no device, command error): not something an agent can fix."""
 
 

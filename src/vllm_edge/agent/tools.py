@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from vllm_edge.agent.uitree import UiTree
+from vllm_edge.common.errors import EdgeError
 from vllm_edge.common.phone_tools import DIRECTIONS, KEYS, TOOL_NAMES
 
 
@@ -20,7 +21,7 @@ class Device(Protocol):
     def open_app(self, name: str) -> None: ...
 
 
-class ToolError(ValueError):
+class ToolError(EdgeError, ValueError):
     """A call the model can correct: missing or invalid arguments."""
 
 

@@ -11,11 +11,13 @@ import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
+from vllm_edge.common.errors import EdgeError
+
 _BOUNDS = re.compile(r"\[(-?\d+),(-?\d+)\]\[(-?\d+),(-?\d+)\]")
 
 
-class UiParseError(ValueError):
-    pass
+class UiParseError(EdgeError, ValueError):
+    """A screen dump that is not a uiautomator hierarchy."""
 
 
 @dataclass

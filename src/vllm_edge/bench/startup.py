@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_edge.common import timeline
+from vllm_edge.common.errors import EdgeError
 from vllm_edge.common.jsonline import last_json_line
 
 PROMPT = "What is the capital of France?"
@@ -36,8 +37,8 @@ ORDER = ("interpreter", "model resolution", "import torch", "import vllm", "LLM(
          "structured output init", "first token")
 
 
-class StartupError(RuntimeError):
-    pass
+class StartupError(EdgeError, RuntimeError):
+    """A `bench startup` pass that failed: the run exited, or an arm cannot import vllm_edge."""
 
 
 def one_pass(model: str, *, max_tokens: int, run_flags: list[str], env: dict[str, str],

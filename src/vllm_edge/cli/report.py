@@ -1,18 +1,23 @@
-"""`vllm-edge report`: regenerate docs/results/results.md and README.md's measured section and its plots from benchmarks/results/."""
+"""`vllm-edge report`: regenerate docs/results/results.md, docs/results/measured.md, README.md's
+measured section and its plots from benchmarks/results/."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from vllm_edge.bench.report import results as results_report
 from vllm_edge.cli.args import reported
 
 NAME = "report"
-HELP = ("regenerate docs/results/results.md, README.md's measured section, its plots and the guides' "
-        "generated tables from benchmarks/results/")
+HELP = ("regenerate docs/results/results.md, docs/results/measured.md, README.md's measured section, its "
+        "plots and the guides' generated tables from benchmarks/results/")
 DESCRIPTION = ("Reads every *.json and *.jsonl in --results and rewrites the part "
-               f"of --doc between {results_report.BEGIN} and {results_report.END}.")
+               f"of --doc between {results_report.BEGIN} and {results_report.END}. When --results is a "
+               "repository's benchmarks/results, it also rewrites that repository's docs/results/measured.md "
+               "(every claim), README.md's measured section (the headline claims) and the guides' "
+               "generated tables. No engine starts.")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -24,7 +29,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_edge.bench.report import guide_tables
+    from vllm_edge.bench.report import claims, guide_tables
 
     with reported(RuntimeError, ValueError):
         out = results_report.report(args.results, args.doc, args.plots_dir)
@@ -33,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
         out["guides"] = guide_tables.splice_guides(args.results, readme.parent) if readme else []
     print(f"wrote {out['doc']} from {out['artifacts']} artifact record(s); plots: "
           + (", ".join(out["plots"]) or "none"))
+    if out["readme"]:
+        print(f"wrote the measured section of {out['readme']} and every claim to "
+              f"{Path(out['readme']).parent / claims.PAGE}")
     for g in out["guides"]:
         print(f"wrote the generated table in {g}")
     for s in out["skipped"]:

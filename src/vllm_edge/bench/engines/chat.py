@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from vllm_edge.common.errors import EdgeError
+
 ChatFn = Callable[[list[dict], list[dict]], dict]
 
 # "auto": the model decides whether to call; "required": the server constrains decoding so
@@ -15,7 +17,7 @@ ChatFn = Callable[[list[dict], list[dict]], dict]
 TOOL_CHOICES = ("auto", "required")
 
 
-class ContextOverflow(Exception):
+class ContextOverflow(EdgeError):
     """The request (history + screen + reply budget) does not fit the model's context.
 
     Chat functions raise it so the loop can drop old turns and ask again.

@@ -194,6 +194,14 @@ def _range(arm: dict, key: str, unit: str, digits: int = 1) -> str:
     return f"{med:.{digits}f} {unit}{spread}"
 
 
+def _arm_env(key: str, value: str, git: str | None) -> str:
+    """An arm's variable as the guide shows it: a path on the measuring host (an arm's
+    PYTHONPATH names a checkout there) is replaced by what it stands for."""
+    if key == "PYTHONPATH" and value.startswith("/"):
+        return f"{key}=<checkout at {git[:7]}>" if git else f"{key}=<another checkout>"
+    return f"{key}=<a path>" if value.startswith("/") else f"{key}={value}"
+
+
 def render_startup(results_dir: Path, doc: Path) -> str:
     """Per artifact: each arm's ready time, first token and peak memory, then its phases side
     by side (medians over passes)."""
@@ -211,10 +219,10 @@ def render_startup(results_dir: Path, doc: Path) -> str:
                 "peak tree RssAnon", "processes", "ready ≤ 8 s", "≤ 600 MB"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for label, a in arms.items():
-            env = ", ".join(f"`{k}={v}`" for k, v in (a.get("env") or {}).items()) or "–"
+            git = (a.get("source") or {}).get("git")
+            env = ", ".join(f"`{_arm_env(k, str(v), git)}`" for k, v in (a.get("env") or {}).items()) or "–"
             first = a.get("first_token_from_start_s_median")
             met = a.get("met") or {}
-            git = (a.get("source") or {}).get("git")
             at = "–" if not git else f"`{git[:7]}`" + (" (dirty)" if git.endswith("-dirty") else "")
             lines.append("| " + " | ".join([
                 label, env, at, _range(a, "ready_s", "s"), "–" if first is None else f"{first:.1f} s",

@@ -3,9 +3,10 @@
 Only the text between the report markers is generated; anything written by
 hand outside them survives a regeneration. When the results directory is a
 repository's ``benchmarks/results``, the same run rewrites that repository's
-README "Measured so far" region from :data:`vllm_edge.bench.report.claims.CLAIMS`.
-Every table and figure is followed by a ``Source:`` line naming the artifact files it
-was drawn from. Artifacts, tables, marker splicing and plots: :mod:`vllm_edge.bench.render`.
+README measured region and docs/results/measured.md from
+:data:`vllm_edge.bench.report.claims.CLAIMS`. Every table and figure is followed by a ``Source:``
+line naming the artifact files it was drawn from. Artifacts, tables, marker splicing and plots:
+:mod:`vllm_edge.bench.render`.
 """
 
 from __future__ import annotations
@@ -352,8 +353,9 @@ def grid_sections(results_dir: Path, results_display: str) -> list[str]:
 
 
 def splice_readme(results_dir: str | os.PathLike, readme: str | os.PathLike) -> bool:
-    """Rewrite README's measured region from :data:`claims.CLAIMS`; False (nothing written)
-    when the file is missing or has no measured markers."""
+    """Rewrite README's measured region (:data:`claims.HEADLINE`) and, beside it,
+    :data:`claims.PAGE` (every claim); False (nothing written) when the README is missing or
+    has no measured markers."""
     from vllm_edge.bench.report import claims
 
     path = Path(readme)
@@ -362,9 +364,13 @@ def splice_readme(results_dir: str | os.PathLike, readme: str | os.PathLike) -> 
     old = path.read_text()
     if claims.BEGIN not in old and claims.END not in old:
         return False
-    new = splice(old, claims.render(results_dir, path), claims.BEGIN, claims.END)
-    if new != old:
-        atomic.write_text(path, new)
+    page = path.parent / claims.PAGE
+    page_old = page.read_text() if page.exists() else claims.PAGE_DOC
+    for p, before, body in ((page, page_old, claims.render_page(results_dir, page)),
+                            (path, old, claims.render(results_dir, path))):
+        after = splice(before, body, claims.BEGIN, claims.END)
+        if after != before:
+            atomic.write_text(p, after)
     return True
 
 

@@ -15,7 +15,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default="default")
     p.add_argument("--passes", type=int, default=5, help="measured passes (default %(default)s)")
     p.add_argument("--arm", action="append", default=[], metavar="LABEL[:NAME=VALUE,...]",
-                   help="an arm with its own environment, e.g. before:PYTHONPATH=/tmp/old/src; "
+                   help="an arm with its own environment, e.g. before:PYTHONPATH=../old-checkout/src; "
                         "repeatable, passes rotate the arms' order (default: one arm, 'default')")
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--enforce-eager", action="store_true", help="run without torch.compile")

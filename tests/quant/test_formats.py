@@ -64,3 +64,19 @@ def test_the_docs_table_has_one_row_per_format():
     rows = formats.table()
     assert [r["format"] for r in rows] == list(formats.names())
     assert "gguf:Q4_K" in rows[0]["kept losslessly"]
+
+
+def test_a_format_name_is_written_in_its_module_and_the_registry_only():
+    """A format of our own (one the plugin registers with vLLM) has its name as a literal only
+    where it is declared (its module) and where the registry names its default; every other
+    module asks the registry. (A name vLLM also uses for others' checkpoints, such as "gptq",
+    is a checkpoint's quant_method too, and is read as such where folders are inspected.)"""
+    import re
+    from pathlib import Path
+
+    src = Path(formats.__file__).resolve().parents[2]
+    for name in [f.name for f in formats.with_vllm_config()]:
+        literal = re.compile(rf"""["']{re.escape(name)}["']""")
+        holders = sorted(str(p.relative_to(src)) for p in src.rglob("*.py") if literal.search(p.read_text()))
+        allowed = {f"vllm_edge/quant/formats/{name}.py", "vllm_edge/quant/formats/__init__.py"}
+        assert set(holders) <= allowed, (name, holders)

@@ -116,10 +116,17 @@ def turn(messages: list[dict], settings: Settings) -> list[dict]:
 def repl(base_url: str, model: str, settings: Settings, *, banner: str,
          read: Callable[[str], str] = input, out: TextIO = sys.stdout) -> int:
     """The interactive chat: returns 0 on /bye or Ctrl-D."""
+    import signal
+
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
         pass
+    # A process started in the background of a non-interactive shell (a script, CI) inherits
+    # SIGINT ignored, and Python then never raises KeyboardInterrupt: Ctrl-C in the chat would
+    # be echoed and do nothing. The chat promises that Ctrl-C stops an answer, so it says so.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     out.write(banner + "\n")
     history: list[dict] = []
     while True:

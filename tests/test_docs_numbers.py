@@ -46,7 +46,7 @@ def readme_mismatches(readme_text: str, results_dir: Path, readme_path: Path = R
 
 
 def page_mismatches(page_text: str, results_dir: Path, page_path: Path = PAGE) -> list[str]:
-    want = report.splice(claims.PAGE_DOC, claims.render_page(results_dir, page_path), claims.BEGIN, claims.END)
+    want = splice(claims.PAGE_DOC, claims.render_page(results_dir, page_path), claims.BEGIN, claims.END)
     return _diff(page_text, want)
 
 

@@ -74,7 +74,7 @@ def test_a_format_name_is_written_in_its_module_and_the_registry_only():
     import re
     from pathlib import Path
 
-    src = Path(formats.__file__).resolve().parents[2]
+    src = Path(formats.__file__).resolve().parents[3]
     for name in [f.name for f in formats.with_vllm_config()]:
         literal = re.compile(rf"""["']{re.escape(name)}["']""")
         holders = sorted(str(p.relative_to(src)) for p in src.rglob("*.py") if literal.search(p.read_text()))

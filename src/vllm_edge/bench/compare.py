@@ -346,7 +346,7 @@ def _batch_note(records: list[dict]) -> str | None:
 
 def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tuple[str, list[Path]]:
     """The generated markdown section and the PNGs written, from ``out_dir``'s grid summaries."""
-    from vllm_edge.bench import render as report
+    from vllm_edge.bench import render as bench_render
     from vllm_edge.common import stats
 
     shown = Path(display_dir or out_dir)
@@ -418,7 +418,7 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
                                                     else "llama.cpp closer to its bf16")
                 rows.append(["vllm-cpu_int4 / llamacpp-Q4_K_M", f"fidelity {k} (each vs own bf16)",
                              a[k], b[k], f"{ratio:.2f}× ({who})" if ratio is not None else who])
-    lines += report.table(["pair", "metric", "vLLM", "llama.cpp", "ratio (verdict)"], rows)
+    lines += bench_render.table(["pair", "metric", "vLLM", "llama.cpp", "ratio (verdict)"], rows)
     lines += ["", f"Source: {_link(spath, doc_path)}" + (f", {_link(fpath, doc_path)}" if fid else ""), ""]
     wins = [r for r in rows if "llama.cpp ahead" in str(r[-1]) or "llama.cpp closer" in str(r[-1])]
     if wins:
@@ -443,7 +443,7 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
             rows.append([arm, s.get("best"), s.get("median"), s.get("min"), s.get("max"),
                          None if s.get("spread_pct") is None else f"{s['spread_pct']:.1f}%", s.get("n"),
                          " · ".join(flags) or "–", note])
-        lines += report.table(["build", "best", "median", "min", "max", "spread", "n", "flags",
+        lines += bench_render.table(["build", "best", "median", "min", "max", "spread", "n", "flags",
                                 "ratio to llama.cpp (verdict)"], rows)
         rk = block.get("ranking") or {}
         if rk.get("flags"):
@@ -456,11 +456,11 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
                           "vLLM's are; with its default mmap they would be file-backed pages outside RssAnon."]
         lines += ["", f"Source: {_link(spath, doc_path)}", ""]
 
-    plot_arts = [report.Artifact(str(spath), {"benchmark": "speed", "build": arm,
+    plot_arts = [bench_render.Artifact(str(spath), {"benchmark": "speed", "build": arm,
                                               "metrics": {m: speed["metrics"][m]["arms"][arm] for m in metrics}})
                  for arm in [a["name"] for a in speed["arms"]]]
     p = out_dir / "compare_speed.png"
-    report.plot_speed(plot_arts, p)
+    bench_render.plot_speed(plot_arts, p)
     written.append(p)
     lines += [f"![speed, ready time and memory per build]({os.path.relpath(p, doc_path.parent)})", "",
               f"Source: {_link(spath, doc_path)}", ""]
@@ -488,15 +488,15 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
                          r.get("first_token_agreement"), r.get("top1_agreement"), r.get("kl_mean"),
                          r.get("kl_p99"), r.get("delta_logprob"), r.get("coverage"), r.get("kl_full_mean"),
                          ratio, f"`{r['artifact']}`" if r.get("artifact") else "–"])
-        lines += report.table(["build", "reference", "greedy exact", "kept", "first-token top-1", "top-1",
+        lines += bench_render.table(["build", "reference", "greedy exact", "kept", "first-token top-1", "top-1",
                                 "KL mean", "KL p99", "Δ log-prob", "coverage", "KL full mean",
                                 "KL ratio to llama.cpp", "artifact"], rows)
         lines += ["", f"Source: {_link(fpath, doc_path)}", ""]
-        arts = [report.Artifact(str(fpath), {"build": r["arm"], "teacher_forced": r}) for r in fid_rows
+        arts = [bench_render.Artifact(str(fpath), {"build": r["arm"], "teacher_forced": r}) for r in fid_rows
                 if r.get("kl_mean") is not None]
         if arts:
             p = out_dir / "compare_fidelity.png"
-            report.plot_fidelity(arts, p)
+            bench_render.plot_fidelity(arts, p)
             written.append(p)
             lines += [f"![fidelity per build]({os.path.relpath(p, doc_path.parent)})", "",
                       f"Source: {_link(fpath, doc_path)}", ""]
@@ -532,7 +532,7 @@ def _fidelity_rows(fid: dict, fid_dir: Path, shown_dir: Path) -> list[dict]:
 def write_doc(out_dir: str | os.PathLike, doc: str | os.PathLike = DEFAULT_DOC,
               synthetic_1b: bool = False, title: str | None = None) -> dict:
     """Splice the rendered section into ``doc``; ``title`` names a user model's own page."""
-    from vllm_edge.bench import render as report
+    from vllm_edge.bench import render as bench_render
     from vllm_edge.common import atomic
 
     out_dir, doc_path = Path(out_dir), Path(doc)
@@ -546,7 +546,7 @@ def write_doc(out_dir: str | os.PathLike, doc: str | os.PathLike = DEFAULT_DOC,
                         "pass --doc with a new file name")
     if begin not in old:  # a page from before the 1B section: keep its text, add the section
         old = old.rstrip("\n") + "\n\n" + NEW_DOC[NEW_DOC.index("## Synthetic 1B"):]
-    atomic.write_text(doc_path, report.splice(old, body, begin, end))
+    atomic.write_text(doc_path, bench_render.splice(old, body, begin, end))
     return {"doc": str(doc_path), "plots": [str(p) for p in written]}
 
 

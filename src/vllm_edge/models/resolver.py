@@ -45,11 +45,8 @@ class Source:
         return Fit(scheme)
 
     def build(self, scheme: str | None = None, group: int | None = None) -> Path:
+        """The directory an engine loads in ``scheme`` (None: bf16, or as stored)."""
         raise NotImplementedError
-
-    def cached_dir(self) -> Path:
-        """Where its bf16 (or as-stored) build is, without preparing anything."""
-        return store.cached_dir(self.arg)
 
 
 def _fallback(scheme: str | None, name: str | None, have: list[str], what: str) -> Fit | None:
@@ -86,12 +83,6 @@ class Vlm(Source):
             scheme, group = named, named_group
         return store.ensure_vlm(scheme, group or DEFAULT_GROUP, vision)
 
-    def cached_dir(self) -> Path:
-        from vllm_edge.models import vlm
-
-        scheme, group, vision = self.named
-        return vlm.quantized_dir(scheme, group, vision) if scheme else vlm.prepared_dir()
-
 
 @dataclass(frozen=True)
 class Gguf(Source):
@@ -115,22 +106,12 @@ class Gguf(Source):
                                     f"blocks' width), not {group}")
         return store.ensure_gguf(self.arg, scheme)
 
-    def cached_dir(self) -> Path:
-        return Path(self.arg).expanduser()
-
 
 @dataclass(frozen=True)
 class Folder(Source):
     """A Hugging Face folder: ``path`` resolved, ``config`` its config.json."""
     path: Path = Path()
     config: dict = field(default_factory=dict, compare=False)
-
-    def stored_scheme(self) -> tuple[str | None, int | None]:
-        qc = self.config.get("quantization_config") or {}
-        return qc.get("quant_method"), qc.get("group_size")
-
-    def cached_dir(self) -> Path:
-        return self.path
 
 
 @dataclass(frozen=True)
@@ -227,7 +208,4 @@ def resolve(arg: str) -> Source:
 def ensure_model(name: str, scheme: str | None = None, group: int | None = None) -> Path:
     """The directory an engine loads for ``name`` in ``scheme`` (``None``: bf16, or as stored),
     built on first use. A format the source cannot be built in is refused by the source."""
-    source = resolve(name)
-    if isinstance(source, (Stored, QuantizedFolder)) and source.fit(scheme).stored:
-        return source.path
-    return source.build(scheme, group)
+    return resolve(name).build(scheme, group)

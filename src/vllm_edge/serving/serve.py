@@ -193,7 +193,7 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
     from vllm_edge.models import store
     from vllm_edge.runtime import images, weight_path
     from vllm_edge.runtime.engine import edge_engine
-    from vllm_edge.serving.gate import GateConfig
+    from vllm_edge.serving.gate import FANOUT, MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, GateConfig
 
     if idle_exit_s is not None and idle_exit_s <= 0:
         raise ServeError(f"--idle-exit {idle_exit_s:g}: must be more than 0 seconds")
@@ -226,9 +226,13 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
     if accepts:
         argv += ["--limit-mm-per-prompt", json.dumps({"image": limits.max_images})]
     gate_lines = [
-        f"request gate: {GATE} checks the API key first, refuses bodies over "
-        f"{gate.body_cap} bytes (VLLM_EDGE_MAX_BODY_BYTES), JSON nested over "
-        "64 levels and n over max_num_seqs, and audio/video/embedding/file parts on every route",
+        f"request gate: {GATE} checks the API key first, on every route but /health, /ping "
+        "and /version (on loopback without a key: only loopback Host names), refuses bodies "
+        f"over {gate.body_cap} bytes (VLLM_EDGE_MAX_BODY_BYTES) or slower than "
+        f"{gate.body_timeout_s:g} s, JSON nested over 64 levels, schemas over "
+        f"{MAX_SCHEMA_BYTES} bytes or {MAX_SCHEMA_DEPTH} levels, n over max_num_seqs, more "
+        f"than {FANOUT} x max_num_seqs sequences (prompts or conversations x n), and "
+        "audio/video/embedding/file parts on every route",
         (f"images: data URLs only, {'/'.join(limits.formats)}, up to {limits.max_bytes} bytes "
          f"(VLLM_EDGE_MAX_IMAGE_BYTES) and {limits.max_pixels} pixels "
          f"(VLLM_EDGE_MAX_IMAGE_PIXELS), {limits.max_images} per request; a bad one gets a "
@@ -312,7 +316,8 @@ def configure_gate(p: ServePlan, args: Any) -> None:
     from vllm_edge.serving import gate
 
     keys = api_keys(args)
-    gate.configure(dataclasses.replace(p.gate, api_keys=keys, max_n=args.max_num_seqs))
+    gate.configure(dataclasses.replace(p.gate, api_keys=keys, max_n=args.max_num_seqs,
+                                       loopback_hosts_only=p.host in LOOPBACK and not keys))
     if p.host not in LOOPBACK and not keys:
         print(f"[vllm-edge] WARNING: listening on {p.host}, beyond this machine, with no API "
               "key: anyone who can reach the port can use the model. Pass --api-key KEY (or "

@@ -166,7 +166,9 @@ def own_template(model_path: Path) -> str | None:
         return jinja.read_text()
     cfg = model_path / "tokenizer_config.json"
     if cfg.exists():
-        tmpl = json.loads(cfg.read_text()).get("chat_template")
+        from vllm_edge.common import model_config
+
+        tmpl = model_config.loads(cfg.read_bytes(), str(cfg)).get("chat_template")
         return tmpl if isinstance(tmpl, str) else json.dumps(tmpl)
     return None
 

@@ -326,11 +326,14 @@ def configure_gate(p: ServePlan, args: Any) -> None:
               "set VLLM_API_KEY); see docs/guide/serve.md#security", file=sys.stderr, flush=True)
 
 
-def main(model: str, **options: Any) -> int:
+def main(model: str, *, sock: socket.socket | None = None, **options: Any) -> int:
+    """``sock``: a socket already bound to ``host:port`` and listening (the keep-alive
+    server's, bound by its parent); otherwise one is bound here."""
     host, port = options["host"], options["port"]
     par = options.get("parallel") or Parallel()
     # ServeError on a busy port, before any engine work; a headless node serves no API
-    sock = None if par.headless else bind(host, port)
+    if sock is None and not par.headless:
+        sock = bind(host, port)
     try:
         p = plan(model, **options)
         for line in p.lines:

@@ -115,14 +115,61 @@ def test_swap_is_one_step_here(tmp_path):
 
 def test_stale_leftovers_are_cleaned_and_a_half_swapped_build_restored(tmp_path):
     out = tmp_path / "m"
-    (tmp_path / ".m.abc.partial").mkdir()
-    (tmp_path / ".m.xyz.partial").write_text("")
+    (tmp_path / ".m.abc12_yz.partial").mkdir()  # tempfile's eight characters
+    (tmp_path / ".m.xyz98765.partial").write_text("")
+    (tmp_path / ".m.q1w2e3r4.probe").mkdir()
     old = tmp_path / ".m.old"
     old.mkdir()
     (old / "model.safetensors").write_text("old")
     atomic.clean_stale(out)
     assert (out / "model.safetensors").read_text() == "old"  # the build a killed swap moved aside
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_clean_stale_touches_only_its_own_names(tmp_path):
+    """`quantize ... out` once removed a concurrent `out.v2` writer's temp dir and its
+    `.old` copy, and a user's `.out.bak.old`: the glob `.out.*` matched them all."""
+    out = tmp_path / "out"
+    out.mkdir()
+    keep = [".out.v2.abcd1234.partial", ".out.v2.old", ".out.bak.old", ".out.notes.partial",
+            ".out.abcd1234.partial.bak", ".outx.abcd1234.partial", ".out.[x].old"]
+    for name in keep:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "f").write_text("theirs")
+    mine = [".out.abcd1234.partial", ".out.zz_99xyz.probe", ".out.old"]
+    for name in mine:
+        (tmp_path / name).mkdir()
+    removed = atomic.clean_stale(out)
+    assert sorted(p.name for p in removed) == sorted(mine)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(keep + ["out"])
+    # a name with glob characters is taken literally
+    odd = tmp_path / "m[1]"
+    (tmp_path / ".m[1].old").mkdir()
+    (tmp_path / ".m1.old").mkdir()
+    atomic.clean_stale(odd)
+    assert (odd).is_dir() and (tmp_path / ".m1.old").is_dir()
+
+
+def test_a_concurrent_writer_of_a_longer_name_keeps_its_temp_dir(tmp_path):
+    other = tmp_path / "out.v2"
+    with atomic.directory(other, kind="quantize") as tmp:
+        (tmp / "model.safetensors").write_text("v2")
+        manifest.write(tmp, {"converter": "quantize/1"})
+        _build(tmp_path / "out")  # cleans beside out, under its own lock
+        assert tmp.is_dir(), "the out.v2 writer's temp dir was removed"
+    assert (other / "model.safetensors").read_text() == "v2"
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_symlinked_destination_is_refused(tmp_path, force):
+    target = tmp_path / "precious"
+    target.mkdir()
+    (target / "f").write_text("keep")
+    link = tmp_path / "out"
+    link.symlink_to(target)
+    with pytest.raises(DestinationError, match="symbolic link"):
+        _build(link, force=force)
+    assert _tree(target) == {"f": b"keep"} and link.is_symlink()
 
 
 def _writer(out: str, counter: str, start: float) -> None:

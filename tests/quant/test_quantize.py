@@ -99,3 +99,32 @@ def test_tied_table_is_quantized_once_and_written_under_both_names(tiny_llama, t
         assert e["tied_head_copy"] is False
     else:
         assert "model.embed_tokens.weight" not in rows
+
+
+def test_a_link_out_of_the_source_is_refused_naming_it(tiny_llama, tmp_path):
+    """quantize copied SRC's extra files following links: notes.txt -> a secret landed in
+    the build."""
+    secret = tmp_path / "id_ed25519"
+    secret.write_text("PRIVATE KEY")
+    (tiny_llama / "notes.txt").symlink_to(secret)
+    with pytest.raises(ValueError, match=r"notes\.txt: is a symbolic link to .*outside the source"):
+        quantize_model(tiny_llama, tmp_path / "q", progress=False)
+    assert not (tmp_path / "q").exists()
+
+
+def test_links_inside_the_source_and_a_hub_snapshot_are_kept(tmp_path):
+    """A Hugging Face cache snapshot links every file to ../../blobs: that is its own folder."""
+    from vllm_edge.quant.quantize import check_links
+
+    repo = tmp_path / "models--org--tiny"
+    snap = repo / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    (repo / "blobs" / "sha").write_text("{}")
+    (snap / "config.json").symlink_to("../../blobs/sha")
+    (snap / "inner.txt").write_text("x")
+    (snap / "alias.txt").symlink_to("inner.txt")
+    check_links(snap)
+    (snap / "escape").symlink_to(tmp_path)
+    with pytest.raises(ValueError, match="escape"):
+        check_links(snap)

@@ -69,3 +69,21 @@ def test_one_rank_holds_its_heads_and_its_stage():
     assert one.bytes_per_token_per_layer == 2 * 1 * 64 * 2
     with pytest.raises(ValueError):
         kv_budget_for(SMOLLM2, 1024, tensor_parallel_size=0)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("sliding_window_pattern", 0), ("sliding_window_pattern", "0"), ("sliding_window_pattern", -6),
+    ("num_hidden_layers", 0), ("num_attention_heads", 0), ("num_attention_heads", -8),
+    ("num_key_value_heads", 0), ("head_dim", -1), ("sliding_window", 0), ("hidden_size", "640"),
+])
+def test_zero_or_negative_sizes_are_refused_naming_the_field(field, value):
+    """sliding_window_pattern 0 once divided by zero; the other sizes gave nonsense budgets."""
+    from vllm_edge.common.errors import EdgeError
+
+    cfg = {"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+           "hidden_size": 640, "head_dim": 80, "sliding_window": 512, "sliding_window_pattern": 2}
+    if field == "hidden_size":
+        del cfg["head_dim"]
+    cfg[field] = value
+    with pytest.raises(EdgeError, match=f"field {field}={value!r}; expected a positive integer"):
+        kv_budget_for(cfg, 2048)

@@ -41,6 +41,8 @@ def test_stale_and_unreadable_records_are_removed(tmp_path, monkeypatch):
                            keep_alive_s=300, log="x")
     (d / "dead.json").write_text(json.dumps(rec.__dict__))
     (d / "garbage.json").write_text("{not json")
+    for f in d.glob("*.json"):
+        f.chmod(0o600)  # the owner's own records: the only ones it may clean
     assert keepalive.records() == [] and keepalive.find("default|auto") is None
     assert list(d.glob("*.json")) == []
     assert keepalive.stop(rec) is False
@@ -92,3 +94,130 @@ def test_the_entry_point_reads_serve_options():
     assert opts["parallel"] == Parallel(2, 1) and opts["port"] == 1234
     with pytest.raises(ValueError, match="at least 'model'"):
         keepalive_server.options_from_json("[]")
+
+
+def _record(pid: int, token: str = "t") -> keepalive.Record:
+    return keepalive.Record(key="k|auto", model="k", quant="auto", port=9, pid=pid,
+                            keep_alive_s=300, log="x", token=token)
+
+
+def test_a_record_is_written_owner_only_from_the_start(tmp_path, monkeypatch):
+    import os
+    import stat
+
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path))
+    d = keepalive._state_dir_ready()
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    created = []
+    real_open = os.open
+
+    def spy(path, flags, mode=0o777, *a, **kw):
+        created.append(mode)
+        return real_open(path, flags, mode, *a, **kw)
+
+    monkeypatch.setattr(os, "open", spy)
+    keepalive.write_record(d / "k.json", _record(os.getpid(), token="secret-token"))
+    assert created == [0o600]
+    assert stat.S_IMODE((d / "k.json").stat().st_mode) == 0o600
+    assert keepalive._read(d / "k.json").token == "secret-token"
+
+
+def test_a_record_others_can_read_or_write_is_not_trusted(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path))
+    d = keepalive._state_dir_ready()
+    keepalive.write_record(d / "k.json", _record(os.getpid()))
+    for mode in (0o644, 0o620, 0o604):
+        (d / "k.json").chmod(mode)
+        assert keepalive._read(d / "k.json") is None
+        assert keepalive.records() == [] and (d / "k.json").exists()  # not ours to delete
+    (d / "k.json").chmod(0o600)
+    link = d / "l.json"
+    link.symlink_to(d / "k.json")
+    assert keepalive._read(link) is None and keepalive._read(d / "k.json") is not None
+
+
+def test_a_server_that_does_not_answer_the_token_with_its_pid_is_refused(monkeypatch):
+    rec = _record(4242)
+    seen = []
+
+    def fake_status(port, timeout=2.0, token=""):
+        seen.append(token)
+        return {"pid": 4243}
+
+    monkeypatch.setattr(keepalive, "status", fake_status)
+    with pytest.raises(keepalive.KeepAliveError, match="no longer answers with its token"):
+        keepalive.verify(rec)
+    assert seen == ["t"]
+    monkeypatch.setattr(keepalive, "status", lambda port, timeout=2.0, token="": {"pid": 4242})
+    keepalive.verify(rec)
+
+
+def test_loopback_calls_ignore_proxies_from_the_environment(monkeypatch):
+    """HTTP_PROXY once carried loopback status, health and chat calls (and the key) to a proxy."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    hits = []
+
+    class Proxy(BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"pid": 1, "data": [{"id": "proxy"}]}')
+
+        def log_message(self, *a):
+            pass
+
+    srv = HTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        proxy = f"http://127.0.0.1:{srv.server_address[1]}"
+        for var in ("HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+            monkeypatch.setenv(var, proxy)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        assert keepalive.status(9, timeout=1) is None
+        assert keepalive._healthy(9) is False
+        with pytest.raises(keepalive.KeepAliveError):
+            keepalive.served_name(_record(1))
+    finally:
+        srv.shutdown()
+    assert hits == []
+
+
+def test_the_server_key_goes_by_environment_and_the_socket_by_fd(tmp_path, monkeypatch):
+    """ensure binds the port itself, hands the socket to the child, and puts the token in the
+    child's environment, never on its command line."""
+    import os
+    import socket
+
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path))
+    calls = {}
+
+    class FakeProc:
+        pid = os.getpid()
+        returncode = 3
+
+        def poll(self):
+            return 3
+
+    def fake_popen(cmd, **kw):
+        calls["cmd"], calls["kw"] = cmd, kw
+        fd = kw["pass_fds"][0]
+        s = socket.socket(fileno=os.dup(fd))
+        calls["listening"] = s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+        calls["addr"] = s.getsockname()
+        s.close()
+        return FakeProc()
+
+    monkeypatch.setattr(keepalive.subprocess, "Popen", fake_popen)
+    with pytest.raises(keepalive.KeepAliveError, match="exited with 3"):
+        keepalive.ensure("default", "auto", 60)
+    token = calls["kw"]["env"][keepalive.SERVER_KEY_ENV]
+    assert len(token) >= 40 and token not in " ".join(calls["cmd"])
+    spec = json.loads(calls["cmd"][-1])
+    assert spec["sock_fd"] == calls["kw"]["pass_fds"][0] and calls["listening"] == 1
+    assert calls["addr"] == ("127.0.0.1", spec["port"])

@@ -139,7 +139,7 @@ def queue_time(base_url: str) -> tuple[float, int]:
     """(sum of seconds, count) of vLLM's request queue-time histogram on the server."""
     import httpx
 
-    return parse_queue_time(httpx.get(base_url + "/metrics", timeout=60).text)
+    return parse_queue_time(httpx.get(base_url + "/metrics", timeout=60, trust_env=False).text)
 
 
 def parse_queue_time(text: str) -> tuple[float, int]:
@@ -162,7 +162,8 @@ def stream_once(base_url: str, body: dict, timeout_s: float = 600) -> dict:
     chunks: list[dict] = []
     t0 = time.perf_counter()
     ttft = None
-    with httpx.stream("POST", base_url + "/v1/chat/completions", json=body, timeout=timeout_s) as resp:
+    with httpx.stream("POST", base_url + "/v1/chat/completions", json=body, timeout=timeout_s,
+                      trust_env=False) as resp:
         if resp.status_code != 200:
             resp.read()
             raise ConstrainedBenchError(f"HTTP {resp.status_code}: {resp.text[:300]}")
@@ -445,7 +446,8 @@ def run(model: str = "default", *, serve_args: list[str] | None = None, base_url
         base_url, server_log = f"http://127.0.0.1:{port}", str(log_path)
     try:
         try:
-            root = httpx.get(base_url + "/v1/models", timeout=30).json()["data"][0].get("root")
+            models = httpx.get(base_url + "/v1/models", timeout=30, trust_env=False).json()
+            root = models["data"][0].get("root")
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
             raise ConstrainedBenchError(f"{base_url}/v1/models: not a vLLM server answering "
                                         f"({type(exc).__name__}: {exc})") from None

@@ -216,7 +216,8 @@ class Soak:
 
         rng = random.Random(seed * 1000 + idx)
         cycle = [k for k, n in MIX.items() for _ in range(n)]
-        async with httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout_s) as client:
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout_s,
+                                     trust_env=False) as client:
             i = 0
             while time.perf_counter() < deadline and budget[0] > 0:
                 budget[0] -= 1
@@ -306,7 +307,7 @@ def run_against(base_url: str, server_pid: int, *, model: str = "default", durat
     import httpx
 
     base_url = require_loopback(base_url)
-    if httpx.get(base_url + "/health", timeout=30).status_code != 200:
+    if httpx.get(base_url + "/health", timeout=30, trust_env=False).status_code != 200:
         raise SoakError(f"{base_url}/health is not 200: is the server up?")
     warmup_s = duration_s * 0.2 if warmup_s is None else warmup_s
     soak = Soak(base_url, model, max_model_len,
@@ -323,10 +324,11 @@ def run_against(base_url: str, server_pid: int, *, model: str = "default", durat
         asyncio.run(main())
     wall = time.time() - t0_wall
     out = _summary(soak.outcomes, sampler.samples, t0_wall, warmup_s, wall)
-    health = httpx.get(base_url + "/health", timeout=30).status_code
+    health = httpx.get(base_url + "/health", timeout=30, trust_env=False).status_code
     out["health_after"] = health
     # the directory the server loaded, as vLLM reports it
-    out["model_root"] = httpx.get(base_url + "/v1/models", timeout=30).json()["data"][0].get("root")
+    models = httpx.get(base_url + "/v1/models", timeout=30, trust_env=False).json()
+    out["model_root"] = models["data"][0].get("root")
     out["passed"] = out["passed"] and health == 200
     out["config"] = {"base_url": base_url, "model": model, "duration_s": duration_s,
                      "max_requests": max_requests, "clients": clients, "mix": MIX,
@@ -359,7 +361,7 @@ def start_server(serve_args: list[str], port: int, log_path: Path,
             raise SoakError(f"the server exited with {proc.returncode} before it was ready; "
                             f"see {log_path}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5, trust_env=False).status_code == 200:
                 return proc
         except httpx.HTTPError:
             pass

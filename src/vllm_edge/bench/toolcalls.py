@@ -176,7 +176,8 @@ async def _client(idx: int, cell: Cell, base: soak.Soak, budget: list[int], dead
 
     rng = random.Random(seed * 7919 + idx)
     cycle = [k for k, n in MIX.items() for _ in range(n)]
-    async with httpx.AsyncClient(base_url=base.base_url, timeout=base.timeout_s) as client:
+    async with httpx.AsyncClient(base_url=base.base_url, timeout=base.timeout_s,
+                                 trust_env=False) as client:
         i = 0
         while budget[0] > 0 and time.perf_counter() < deadline:
             if i % len(cycle) == 0:
@@ -282,7 +283,7 @@ def run(model: str = "default", *, cells: list[tuple[float, bool]], calls: int =
 
     try:
         try:
-            root = httpx.get(base_url + "/v1/models", timeout=30).json()["data"][0].get("root")
+            root = httpx.get(base_url + "/v1/models", timeout=30, trust_env=False).json()["data"][0].get("root")
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
             raise ToolStressError(f"{base_url}/v1/models: not a vLLM server answering "
                                   f"({type(exc).__name__}: {exc})") from None

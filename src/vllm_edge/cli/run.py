@@ -100,12 +100,14 @@ def client(args: argparse.Namespace, keep_s: float) -> int:
         max_tokens=args.max_tokens or (512 if interactive else 64),
         system=(DEFAULT_SYSTEM if args.system is None else args.system) or None)
     if interactive:
-        return chat.repl(rec.url, name, settings, banner=(
+        return chat.repl(rec.url, name, settings, headers=rec.headers,
+                         check=lambda: keepalive.verify(rec), banner=(
             f"vllm-edge chat: {args.model} on server pid {rec.pid} ({how}; it stays loaded "
             f"{rec.keep_alive_s:g} s after the last request, `vllm-edge stop` ends it). /? for commands, "
             "/bye or Ctrl-D to leave."))
+    keepalive.verify(rec)
     ans = chat.stream_answer(rec.url, name, chat.turn([{"role": "user", "content": prompt}],
-                                                      settings), settings, sys.stdout)
+                                                      settings), settings, sys.stdout, rec.headers)
     print()
     if args.prompt is not None:  # a pipe gets the answer alone
         mb, procs = tree_rss_anon_mb(rec.pid)

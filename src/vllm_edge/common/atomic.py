@@ -23,6 +23,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -102,7 +103,12 @@ def check_destination(final: str | os.PathLike, *, kind: str | None = None,
       of ``kind``, or a file ``is_ours`` recognises; otherwise refused unless ``force``.
     - the parent must be writable (checked by creating and removing a temp entry).
     """
-    final = Path(final).expanduser().resolve()
+    given = Path(final).expanduser()
+    if given.is_symlink():
+        raise DestinationError(f"{given}: is a symbolic link (to {os.readlink(given)}); "
+                               "vllm-edge does not write through links, --force included: "
+                               "pass the real path, or remove the link")
+    final = given.resolve()
     for inp in inputs:
         src = Path(inp).expanduser().resolve()
         if final == src:
@@ -194,16 +200,34 @@ def build_once(final: str | os.PathLike, want: dict[str, Any], build: Callable[[
         return build()
 
 
+def is_leftover(name: str, final_name: str) -> bool:
+    """``name`` is one of the entries this module makes beside ``final_name`` and only
+    those: ``.NAME.old`` and ``.NAME.XXXXXXXX.partial`` / ``.probe`` (``tempfile``'s eight
+    random characters). Not another destination's (``.NAME.v2.XXXXXXXX.partial`` belongs to
+    ``NAME.v2``), nor a user's ``.NAME.bak.old``."""
+    if name == f".{final_name}.old":
+        return True
+    prefix = f".{final_name}."
+    if not name.startswith(prefix):
+        return False
+    return _TEMP_TAIL.fullmatch(name[len(prefix):]) is not None
+
+
+# what tempfile.mkstemp/mkdtemp put between our prefix and suffix
+_TEMP_TAIL = re.compile(r"[a-z0-9_]{8}\.(?:partial|probe)")
+
+
 def clean_stale(final: str | os.PathLike) -> list[Path]:
     """Remove what killed writers left beside ``final`` (call with its lock held), and put
-    back a build that a killed two-step swap had moved aside."""
+    back a build that a killed two-step swap had moved aside. Only this module's own names
+    for ``final`` are touched (:func:`is_leftover`)."""
     final = Path(final)
     removed = []
     old = final.with_name(f".{final.name}.old")
-    if not final.exists() and old.is_dir():
+    if not final.exists() and old.is_dir() and not old.is_symlink():
         os.replace(old, final)
-    for p in final.parent.glob(f".{final.name}.*"):
-        if p.name.endswith((".partial", ".old", ".probe")):
+    for p in final.parent.iterdir() if final.parent.is_dir() else []:
+        if is_leftover(p.name, final.name):
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p, ignore_errors=True)
             else:

@@ -20,7 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-from vllm_edge.common import atomic
+from vllm_edge.common import atomic, model_config
 from vllm_edge.common.errors import EdgeError
 
 logger = logging.getLogger("vllm_edge.models")
@@ -261,7 +261,7 @@ def read_tokenizer(src: Path, vocab_size: int, pre: str | None = None) -> Tokeni
 
     tc_path = src / "tokenizer_config.json"
     tc = json.loads(tc_path.read_text()) if tc_path.exists() else {}
-    cfg = json.loads((src / "config.json").read_text())
+    cfg = model_config.read(src / "config.json")
     tok_to_id = {t: i for i, t in id_to_tok.items()}
 
     def special_id(name: str) -> int | None:
@@ -292,7 +292,7 @@ def read_tokenizer(src: Path, vocab_size: int, pre: str | None = None) -> Tokeni
 # --- writer ------------------------------------------------------------------
 
 def _model_name(src: Path) -> str:
-    cfg = json.loads((src / "config.json").read_text())
+    cfg = model_config.read(src / "config.json")
     return str(cfg.get("_model_name_or_path") or src.name)
 
 

@@ -50,6 +50,12 @@ GGUF_MAGIC = b"GGUF"
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
             10: "<Q", 11: "<q", 12: "<d"}
 _GGML_MAX_DIMS = 4
+# What the parsed metadata may cost in memory: a value's file bytes are no bound (a uint8
+# array element is one byte on disk and a pointer plus an object in a Python list). A real
+# tokenizer (256k tokens with scores and types, 500k merges) costs well under 100 MiB.
+MAX_METADATA_MEMORY = 256 << 20
+_SCALAR_COST = 40  # a list slot and an int or float object
+_STRING_COST = 57  # a list slot and an empty str; its characters come on top
 
 
 class GgufImportError(EdgeError):
@@ -111,6 +117,13 @@ class _Header:
 
     def __init__(self, path: Path, buf: mmap.mmap) -> None:
         self.path, self.buf, self.pos = path, buf, 8
+        self.memory = 0  # what the metadata read so far costs, estimated
+
+    def spend(self, n: int, what: str) -> None:
+        self.memory += n
+        if self.memory > MAX_METADATA_MEMORY:
+            raise self.fail(f"{what} would take the metadata over {MAX_METADATA_MEMORY >> 20} MiB "
+                            "of memory (MAX_METADATA_MEMORY)")
 
     def fail(self, why: str) -> GgufImportError:
         return GgufImportError(f"{self.path}: unreadable or truncated GGUF: {why}")
@@ -147,11 +160,18 @@ class _Header:
         count = self.unpack("<Q", f"{what} (its length)")
         if etype in _SCALARS:
             code = _SCALARS[etype][1]
+            self.room(count * struct.calcsize(code), f"{what} ({count} values)")
+            self.spend(count * _SCALAR_COST, f"{what} ({count} values)")
             start = self.take(count * struct.calcsize(code), f"{what} ({count} values)")
             return list(struct.unpack_from(f"<{count}{code}", self.buf, start))
         if etype == 8:
             self.room(count * 8, f"{what} ({count} strings)")  # each at least its 8-byte length
-            return [self.string(f"{what}[{i}]") for i in range(count)]
+            self.spend(count * _STRING_COST, f"{what} ({count} strings)")
+            out = []
+            for i in range(count):
+                out.append(self.string(f"{what}[{i}]"))
+                self.spend(len(out[-1]), f"{what}[{i}]")
+            return out
         raise self.fail(f"{what} is an array of type {etype}, which is not supported")
 
     def read(self) -> tuple[dict[str, Any], dict[str, GgufTensor]]:
@@ -185,6 +205,7 @@ class _Header:
         data_start = -(-self.pos // alignment) * alignment
         size = len(self.buf)
         out: dict[str, GgufTensor] = {}
+        prev_name, prev_end = None, 0  # offsets relative to data_start
         for name, dims, ggml_type, offset in table:
             if name in out:
                 raise self.fail(f"tensor {name} appears twice")
@@ -201,6 +222,13 @@ class _Header:
             if end > size:
                 raise GgufImportError(f"{self.path}: truncated: tensor {name} ends at byte {end} "
                                       f"but the file has {size}")
+            # Each tensor's data follows the one before (as every GGUF writer lays them out): a
+            # table whose tensors share or reorder data would make the import build many
+            # times the file (3000 tensors on one block).
+            if offset < prev_end:
+                raise self.fail(f"tensor {name}'s data (at offset {offset}) overlaps or comes "
+                                f"before the data of {prev_name}, which ends at offset {prev_end}")
+            prev_name, prev_end = name, offset + n_bytes
             out[name] = GgufTensor(tuple(dims), ggml_type, n_bytes)
         return out
 

@@ -52,14 +52,14 @@ def read_gptq_config(src: Path) -> tuple[dict, dict]:
     path = src / "config.json"
     if not src.is_dir():
         raise GptqSourceError(f"{src}: not a model directory")
+    from vllm_edge.common import model_config
+
+    if not path.exists():
+        raise GptqSourceError(f"{path}: missing; the source must be a Hugging Face model directory")
     try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise GptqSourceError(f"{path}: missing; the source must be a Hugging Face model directory") from None
-    except (OSError, ValueError, RecursionError) as exc:
-        raise GptqSourceError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise GptqSourceError(f"{path}: expected a JSON object")
+        config = model_config.read(path)
+    except model_config.ModelConfigError as exc:
+        raise GptqSourceError(str(exc)) from None
     qc = config.get("quantization_config")
     where = f"{path}: quantization_config"
     if qc is None and (src / "quantize_config.json").is_file():

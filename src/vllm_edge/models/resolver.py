@@ -14,7 +14,6 @@ that runs as stored) and nothing more; it builds nothing. Each source then knows
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -164,16 +163,14 @@ class Stored(Folder):
 
 def read_config(path: Path) -> dict:
     """A folder's config.json, or a clear error naming it."""
+    from vllm_edge.common import model_config
+
     cfg_path = path / "config.json"
     try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, ValueError, RecursionError) as exc:
-        raise ModelNotAvailable(f"{cfg_path}: cannot read a model config ({exc}); a model "
-                                "directory must be a Hugging Face folder") from None
-    if not isinstance(cfg, dict):
-        raise ModelNotAvailable(f"{cfg_path}: cannot read a model config (not a JSON object); a "
-                                "model directory must be a Hugging Face folder")
-    return cfg
+        return model_config.read(cfg_path)
+    except model_config.ModelConfigError as exc:
+        raise ModelNotAvailable(f"cannot read a model config: {exc}; a model directory must "
+                                "be a Hugging Face folder") from None
 
 
 def resolve(arg: str) -> Source:

@@ -184,11 +184,11 @@ def is_edge_build(path: str | Path) -> bool:
 
 def quant_method(path: Path) -> str | None:
     """The ``quant_method`` a folder's config declares (``"?"`` when it declares one oddly)."""
-    import json
+    from vllm_edge.common import model_config
 
     try:
-        qc = json.loads((path / "config.json").read_text()).get("quantization_config")
-    except (OSError, ValueError, AttributeError):
+        qc = model_config.read(path / "config.json").get("quantization_config")
+    except model_config.ModelConfigError:
         qc = None  # the loader names what is wrong with it
     if not qc and (path / "quantize_config.json").is_file():
         return "gptq"  # older GPTQ exports keep their settings beside the config

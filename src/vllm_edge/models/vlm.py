@@ -200,7 +200,9 @@ def build(out: str | Path, *, text_dir: str | Path, vision: VisionShape = Vision
 
     vision.validate()
     out, src = Path(out).expanduser(), Path(text_dir)
-    text_cfg = json.loads((src / "config.json").read_text())
+    from vllm_edge.common import model_config
+
+    text_cfg = model_config.read(src / "config.json")
     if text_cfg.get("model_type") != "llama":
         raise ValueError(f"{src}: the language model must be a Llama checkpoint, got "
                          f"model_type={text_cfg.get('model_type')!r}")

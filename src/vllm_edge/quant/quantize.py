@@ -49,14 +49,15 @@ def read_source_config(src: Path) -> dict:
     path = src / "config.json"
     if not src.is_dir():
         raise QuantizeError(f"{src}: not a model directory")
+    check_links(src)
+    from vllm_edge.common import model_config
+
+    if not path.exists():
+        raise QuantizeError(f"{path}: missing; the source must be a Hugging Face model directory")
     try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise QuantizeError(f"{path}: missing; the source must be a Hugging Face model directory") from None
-    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
-        raise QuantizeError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise QuantizeError(f"{path}: expected a JSON object")
+        config = model_config.read(path)
+    except model_config.ModelConfigError as exc:
+        raise QuantizeError(str(exc)) from None
     if not isinstance(config.get("text_config", {}), dict):
         raise QuantizeError(f"{path}: field text_config={config['text_config']!r}; expected a JSON object")
     archs = config.get("architectures") or []
@@ -84,11 +85,36 @@ def write_weights(tmp: Path, tensors: dict[str, torch.Tensor], src: Path, skip: 
     ``src`` but its weights and the names in ``skip`` (tokenizer, templates, generation config)."""
     from safetensors.torch import save_file
 
+    check_links(src)
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     (tmp / "model.safetensors").chmod(0o644)
     for f in src.iterdir():
         if f.is_file() and f.name not in skip and f.suffix != ".safetensors":
             shutil.copy2(f, tmp / f.name)
+
+
+def link_roots(src: Path) -> list[Path]:
+    """Where a link in ``src`` may point: inside ``src``, and for a Hugging Face cache
+    snapshot (``models--ORG--NAME/snapshots/REV``, whose files link to ``../../blobs``) inside
+    that model's cache folder."""
+    roots = [src.resolve()]
+    if src.parent.name == "snapshots" and src.parent.parent.name.startswith("models--"):
+        roots.append(src.parent.parent.resolve())
+    return roots
+
+
+def check_links(src: Path) -> None:
+    """Refuse a source whose files are symbolic links out of it: a build copies the
+    source's files, and ``notes.txt -> ~/.ssh/id_ed25519`` would land in it."""
+    roots = link_roots(src)
+    for f in sorted(src.iterdir()):
+        if not f.is_symlink():
+            continue
+        target = f.resolve()
+        if not any(target.is_relative_to(r) for r in roots):
+            raise QuantizeError(f"{f}: is a symbolic link to {target}, outside the source "
+                                "folder; a build copies the source's files, so replace the "
+                                "link with the file itself (or remove it)")
 
 
 def tensor_refs(src: Path) -> Iterator[tuple[str, tuple[Path, str]]]:

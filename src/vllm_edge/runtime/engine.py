@@ -5,7 +5,6 @@ Every choice carries its reason, so `run` can print it and results can record it
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,7 +58,9 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
     ``tensor_parallel_size``/``pipeline_parallel_size``: ranks in vLLM's multiprocess
     executor, ``nnodes`` machines sharing them (see :func:`parallel_layout`)."""
     model_path = Path(model_path)
-    config = json.loads((model_path / "config.json").read_text())
+    from vllm_edge.common import model_config
+
+    config = model_config.read(model_path)
     reasons: dict[str, str] = {}
     ranks = {"tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size}
     world = tensor_parallel_size * pipeline_parallel_size

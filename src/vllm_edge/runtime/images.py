@@ -196,11 +196,11 @@ def check_count(n: int, limits: ImageLimits, *, model: str | None = None,
 
 
 def model_accepts_images(model_dir: str | os.PathLike) -> bool:
-    import json
+    from vllm_edge.common import model_config
 
     try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
+        cfg = model_config.read(Path(model_dir))
+    except model_config.ModelConfigError:
         return False
     return "vision_config" in cfg
 

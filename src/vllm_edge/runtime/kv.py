@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_edge.common.model_config import positive_int
+
 DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "auto": 2,
                "float32": 4, "fp32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
@@ -54,10 +56,12 @@ def _sliding_layers(cfg: Any, n_layers: int) -> tuple[int, int | None]:
     layer_types = _get(cfg, "layer_types")
     if layer_types:
         return sum(1 for t in layer_types if t == "sliding_attention"), window
-    pattern = _get(cfg, "sliding_window_pattern")
-    if window and pattern:
+    if window is not None:
+        window = positive_int(cfg, "sliding_window")
+    if window and _get(cfg, "sliding_window_pattern") is not None:
         # Every pattern-th layer is global; the rest slide (Gemma 3 convention).
-        return sum(1 for i in range(n_layers) if (i + 1) % int(pattern) != 0), window
+        pattern = positive_int(cfg, "sliding_window_pattern")
+        return sum(1 for i in range(n_layers) if (i + 1) % pattern != 0), window
     return 0, window
 
 
@@ -72,11 +76,18 @@ def kv_budget_for(config: Any, max_model_len: int, max_num_seqs: int = 1,
     if tensor_parallel_size < 1 or pipeline_parallel_size < 1:
         raise ValueError("tensor_parallel_size and pipeline_parallel_size must be at least 1")
     cfg = _text_config(config)
-    n_layers = math.ceil(int(_get(cfg, "num_hidden_layers")) / pipeline_parallel_size)
-    n_heads = int(_get(cfg, "num_attention_heads"))
-    kv_heads = int(_get(cfg, "num_key_value_heads", n_heads) or n_heads)
+    all_layers = positive_int(cfg, "num_hidden_layers")
+    n_layers = math.ceil(all_layers / pipeline_parallel_size)
+    n_heads = positive_int(cfg, "num_attention_heads")
+    kv_heads = positive_int(cfg, "num_key_value_heads", n_heads)
     kv_heads = max(1, kv_heads // tensor_parallel_size)
-    head_dim = _get(cfg, "head_dim") or int(_get(cfg, "hidden_size")) // n_heads
+    if _get(cfg, "head_dim") is not None:
+        head_dim = positive_int(cfg, "head_dim")
+    else:
+        head_dim = positive_int(cfg, "hidden_size") // n_heads
+        if head_dim <= 0:
+            positive_int({"hidden_size / num_attention_heads": head_dim},
+                         "hidden_size / num_attention_heads")
     try:
         dbytes = DTYPE_BYTES[str(kv_dtype).replace("torch.", "")]
     except KeyError:
@@ -85,7 +96,7 @@ def kv_budget_for(config: Any, max_model_len: int, max_num_seqs: int = 1,
     tokens = math.ceil(max_model_len / block_size) * block_size
     null_block = n_layers * per_tok_layer * block_size
     flat = n_layers * per_tok_layer * tokens * max_num_seqs + null_block
-    n_sliding, window = _sliding_layers(cfg, int(_get(cfg, "num_hidden_layers")))
+    n_sliding, window = _sliding_layers(cfg, all_layers)
     n_sliding = min(n_sliding, n_layers)
     if n_sliding and window:
         win_tokens = min(tokens, math.ceil(int(window) / block_size) * block_size)

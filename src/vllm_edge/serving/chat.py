@@ -69,8 +69,9 @@ class Answer:
 
 
 def stream_answer(base_url: str, model: str, messages: list[dict], settings: Settings,
-                  out: TextIO) -> Answer:
-    """One chat completion, streamed to ``out`` as it arrives."""
+                  out: TextIO, headers: dict[str, str] | None = None) -> Answer:
+    """One chat completion, streamed to ``out`` as it arrives; ``headers`` carry the
+    server's key. The server is on loopback: no proxy from the environment is used."""
     import httpx
 
     body = {"model": model, "messages": messages, "stream": True,
@@ -79,6 +80,7 @@ def stream_answer(base_url: str, model: str, messages: list[dict], settings: Set
     ans = Answer()
     try:
         with httpx.stream("POST", base_url + "/v1/chat/completions", json=body,
+                          headers=headers or {}, trust_env=False,
                           timeout=httpx.Timeout(None, connect=10)) as r:
             if r.status_code != 200:
                 r.read()
@@ -114,8 +116,10 @@ def turn(messages: list[dict], settings: Settings) -> list[dict]:
 
 
 def repl(base_url: str, model: str, settings: Settings, *, banner: str,
-         read: Callable[[str], str] = input, out: TextIO = sys.stdout) -> int:
-    """The interactive chat: returns 0 on /bye or Ctrl-D."""
+         read: Callable[[str], str] = input, out: TextIO = sys.stdout,
+         headers: dict[str, str] | None = None, check: Callable[[], None] | None = None) -> int:
+    """The interactive chat: returns 0 on /bye or Ctrl-D. ``check`` runs before each turn
+    (the keep-alive server's identity) and its EdgeError ends the chat."""
     import signal
 
     try:
@@ -161,9 +165,11 @@ def repl(base_url: str, model: str, settings: Settings, *, banner: str,
             else:
                 out.write(HELP + "\n")
             continue
+        if check is not None:
+            check()
         history.append({"role": "user", "content": text})
         try:
-            ans = stream_answer(base_url, model, turn(history, settings), settings, out)
+            ans = stream_answer(base_url, model, turn(history, settings), settings, out, headers)
         except KeyboardInterrupt:
             out.write("\n(stopped)\n")
             history.pop()

@@ -4,18 +4,31 @@ should not see with a clear 4xx, before vLLM parses it.
 vLLM loads it from its own ``--middleware vllm_edge.serving.gate.RequestGate`` flag
 (serve.py always adds it), so nothing of vLLM is forked. In order, for every request:
 
-1. **Authentication first.** vLLM adds ``--middleware`` classes outside its own API-key
-   check, so the gate runs vLLM's :class:`AuthenticationMiddleware` itself, ahead of any
-   other check: a client without the key gets vLLM's 401 and no body is read.
-2. **Body size.** A ``Content-Length`` over the cap gets a 413 before a byte is read; a
-   chunked body is counted as it arrives and cut off at the cap.
-3. **JSON shape.** A body nested deeper than :data:`MAX_DEPTH` gets a 400 (Python's JSON
-   decoder would raise ``RecursionError`` deeper down, which vLLM answers with a 500).
-4. **``n``** over the server's ``max_num_seqs`` gets a 400.
-5. **Media parts, on every route.** The whole body is walked (minus the subtrees that hold
+1. **Authentication first, on every route.** vLLM's own API-key check guards only paths
+   under ``/v1``, ``/v2``, ``/inference`` and ``/cohere``; the gate asks for the key on
+   every path but :data:`OPEN_PATHS` (``/health``, ``/ping``, ``/version``), websockets
+   included (SageMaker's ``/invocations``, ``/tokenize``, ``/metrics``, ``/vllm-edge/status``
+   ...). A client without the key gets a 401 and no body is read.
+2. **Host, on a keyless loopback server.** Only loopback ``Host`` names (``localhost``,
+   ``127.x.x.x``, ``[::1]``, with any port) are answered, so a web page that rebinds its
+   DNS name to 127.0.0.1 cannot reach the model through the user's browser (403).
+3. **Body size and time.** A ``Content-Length`` over the cap gets a 413 before a byte is
+   read; a chunked body is counted as it arrives and cut off at the cap; a body not
+   complete within :data:`BODY_READ_TIMEOUT_S` gets a 408.
+4. **JSON shape.** A body nested deeper than :data:`MAX_DEPTH` gets a 400 (Python's JSON
+   decoder would raise ``RecursionError`` deeper down, which vLLM answers with a 500); a
+   JSON schema or grammar (tools, ``response_format``, ``structured_outputs``) over
+   :data:`MAX_SCHEMA_BYTES` in all or nested deeper than :data:`MAX_SCHEMA_DEPTH` gets a
+   400 before xgrammar compiles it.
+5. **Fan-out.** ``n`` is read the way vLLM's pydantic models read it (``"16"`` and ``16.0``
+   are 16); over the server's ``max_num_seqs`` gets a 400, and so does a request whose
+   sequences (prompts of ``/v1/completions`` or conversations of
+   ``/v1/chat/completions/batch``, times ``n``) are over :data:`FANOUT` × ``max_num_seqs``.
+6. **Media parts, on every route.** The whole body is walked (minus the subtrees that hold
    JSON schemas, where a property may be called ``image_url``), so every part shape
    vLLM's chat parser accepts is seen wherever it sits: typed ``image_url``, typeless
-   ``{"image_url": ...}``, Responses ``input_image``, Anthropic ``image`` blocks. Images
+   ``{"image_url": ...}``, Responses ``input_image``, Anthropic ``image`` blocks (both
+   their ``url`` and their ``data``, whichever vLLM would decode). Images
    go through :mod:`vllm_edge.runtime.images` (data URLs only, byte/pixel/format/count
    limits); any other media (audio, video, embeddings tensors, files) gets a 400, and so
    does any image for a model without a vision encoder.
@@ -24,7 +37,7 @@ A request that passes is replayed to vLLM byte for byte. Bodies that are not JSO
 left to vLLM's own validation, inside the size cap.
 
 The gate also keeps the server's activity (requests in flight, time since the last one),
-answers it on ``GET /vllm-edge/status`` for `vllm-edge ps`, and with ``idle_exit_s`` stops
+answers it on ``GET /vllm-edge/status`` (behind the key) for `vllm-edge ps`, and with ``idle_exit_s`` stops
 the server (SIGTERM to itself, vLLM's graceful shutdown) after that long without a request:
 the keep-alive server that `run` starts.
 """
@@ -33,8 +46,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import hmac
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -45,8 +61,20 @@ from vllm_edge.common.errors import EdgeError
 from vllm_edge.runtime.images import ImageInputError, ImageLimits, validate_image_urls
 
 # The OpenAI-style error "type" per status, as vLLM names them (HTTP phrase + "Error").
-ERROR_TYPES = {400: "BadRequestError", 413: "RequestEntityTooLargeError",
+ERROR_TYPES = {400: "BadRequestError", 401: "UnauthorizedError", 403: "ForbiddenError",
+               408: "RequestTimeoutError", 413: "RequestEntityTooLargeError",
                415: "UnsupportedMediaTypeError"}
+# The only paths answered without the key: liveness probes that say nothing about the model.
+OPEN_PATHS = frozenset({"/health", "/ping", "/version"})
+# Sequences one request may start, in units of the server's --max-num-seqs: n up to
+# max_num_seqs, and prompts x n (completions) or conversations x n (chat batch) up to
+# FANOUT x max_num_seqs. More would only queue behind each other on a small CPU.
+FANOUT = 4
+# JSON schemas and grammars reach xgrammar, whose compile time grows with their size.
+MAX_SCHEMA_BYTES = 128 << 10
+MAX_SCHEMA_DEPTH = 32
+# A request body must arrive whole within this long (a slow sender holds a buffer).
+BODY_READ_TIMEOUT_S = 60.0
 # Deeper than any real request: a chat body is about 6 levels, a nested tool schema 20.
 MAX_DEPTH = 64
 # Room for the text of a request beside its images.
@@ -86,6 +114,13 @@ class GateConfig:
     api_keys: tuple[str, ...] = ()
     model: str | None = None
     idle_exit_s: float | None = None  # stop the server after this long without a request
+    loopback_hosts_only: bool = False  # answer only loopback Host names (keyless loopback)
+    body_timeout_s: float = BODY_READ_TIMEOUT_S
+
+    @property
+    def max_seqs(self) -> int | None:
+        """Sequences one request may start (prompts or conversations times n)."""
+        return None if self.max_n is None else FANOUT * self.max_n
 
     @property
     def body_cap(self) -> int:
@@ -159,8 +194,9 @@ def error_body(exc: GateError | ImageInputError) -> dict[str, Any]:
                       "param": exc.param, "code": exc.status}}
 
 
-def _walk(value: Any) -> Iterator[tuple[str, dict]]:
-    """(path, dict) for every dict outside schema subtrees; GateError past MAX_DEPTH."""
+def _walk(value: Any, schemas: list[tuple[str, Any]] | None = None) -> Iterator[tuple[str, dict]]:
+    """(path, dict) for every dict outside schema subtrees; GateError past MAX_DEPTH. The
+    schema subtrees found are appended to ``schemas`` as (path, value)."""
     stack: list[tuple[Any, str, int]] = [(value, "$", 0)]
     while stack:
         node, path, depth = stack.pop()
@@ -170,12 +206,49 @@ def _walk(value: Any) -> Iterator[tuple[str, dict]]:
         if isinstance(node, dict):
             yield path, node
             for key, child in reversed(list(node.items())):
-                if key not in SCHEMA_KEYS and isinstance(child, (dict, list)):
+                if key in SCHEMA_KEYS:
+                    if schemas is not None and child is not None:
+                        schemas.append((f"{path}.{key}", child))
+                elif isinstance(child, (dict, list)):
                     stack.append((child, f"{path}.{key}", depth + 1))
         elif isinstance(node, list):
             for i in reversed(range(len(node))):
                 if isinstance(node[i], (dict, list)):
                     stack.append((node[i], f"{path}[{i}]", depth + 1))
+
+
+def _depth(value: Any) -> int:
+    """Levels of dicts and lists in ``value`` (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            node = list(node.values())
+        if isinstance(node, list):
+            deepest = max(deepest, depth + 1)
+            if depth + 1 > MAX_DEPTH:  # json.loads already bounded it; stop early anyway
+                return depth + 1
+            stack.extend((child, depth + 1) for child in node if isinstance(child, (dict, list)))
+    return deepest
+
+
+def check_schemas(schemas: list[tuple[str, Any]]) -> None:
+    """JSON schemas, grammars and tool definitions: bounded in size and depth before
+    xgrammar compiles them."""
+    total = 0
+    for path, value in schemas:
+        where = path.removeprefix("$.")
+        depth = _depth(value)
+        if depth > MAX_SCHEMA_DEPTH:
+            raise GateError(f"{where}: the schema is nested {depth} levels deep, over the limit "
+                            f"of {MAX_SCHEMA_DEPTH} (MAX_SCHEMA_DEPTH) for structured output",
+                            param=where)
+        total += len(value.encode()) if isinstance(value, str) else len(
+            json.dumps(value, separators=(",", ":")))
+        if total > MAX_SCHEMA_BYTES:
+            raise GateError(f"{where}: the request's schemas, grammars and tool definitions "
+                            f"take over {MAX_SCHEMA_BYTES} bytes (MAX_SCHEMA_BYTES), the limit "
+                            "for structured output", param=where)
 
 
 def _url(value: Any) -> Any:
@@ -184,7 +257,8 @@ def _url(value: Any) -> Any:
 
 def media_part(part: dict) -> tuple[str, Any] | None:
     """(kind, image url or None) for a content part vLLM would read as media, else None.
-    ``kind`` is ``"image"`` or the name of the other medium."""
+    ``kind`` is ``"image"`` or the name of the other medium. For an Anthropic image the url
+    is the one vLLM decodes; :func:`extra_urls` gives the others it carries."""
     typ = part.get("type")
     for key in TYPELESS_KEYS:  # vLLM reads these keys whatever the type says
         if key in part and (typ is None or "uuid" in part or typ == key):
@@ -199,9 +273,10 @@ def media_part(part: dict) -> tuple[str, Any] | None:
         source = part.get("source")
         if not isinstance(source, dict):
             return ("image", None) if "source" in part else None
-        if source.get("type") == "base64":
-            return "image", f"data:{source.get('media_type') or ''};base64,{source.get('data') or ''}"
-        return "image", source.get("url")
+        # as vLLM's Anthropic adapter reads it: the url when type is "url", else the data
+        if source.get("type") == "url":
+            return "image", source.get("url")
+        return "image", _anthropic_data_url(source)
     if typ in IMAGE_TYPES:
         return "image", _url(part.get(typ))
     if typ in OTHER_MEDIA_TYPES:
@@ -209,17 +284,84 @@ def media_part(part: dict) -> tuple[str, Any] | None:
     return None
 
 
+def _anthropic_data_url(source: dict) -> str:
+    media = source.get("media_type", "image/jpeg")
+    return f"data:{media if isinstance(media, str) else ''};base64,{source.get('data', '')}"
+
+
+def extra_urls(part: dict) -> list[Any]:
+    """Image references a part carries beside the one :func:`media_part` returns, checked
+    too so that no shape hides a second image behind a small first one (an Anthropic
+    source with both a ``url`` and ``data``)."""
+    source = part.get("source") if part.get("type") == "image" else None
+    if not isinstance(source, dict):
+        return []
+    if source.get("type") == "url":
+        return [_anthropic_data_url(source)] if source.get("data") is not None else []
+    return [source["url"]] if source.get("url") is not None else []
+
+
+_int_adapter: Any = None
+
+
+def as_int(value: Any, name: str) -> int | None:
+    """``value`` read as vLLM's pydantic request models read an ``int | None`` field (lax:
+    ``"16"``, ``16.0`` and ``True`` are ints); a GateError when they would refuse it."""
+    global _int_adapter
+    if _int_adapter is None:
+        from pydantic import TypeAdapter
+
+        _int_adapter = TypeAdapter(int | None)
+    try:
+        return _int_adapter.validate_python(value)
+    except Exception:  # pydantic.ValidationError and anything a strange value raises
+        raise GateError(f"{name}={json.dumps(value)[:60]}: expected an integer", param=name) from None
+
+
+def prompt_count(request: dict) -> tuple[int, str]:
+    """(prompts, what they are) one request runs: the prompts of a completions body (a list
+    of strings or of token lists), the conversations of a chat batch, else 1."""
+    prompt = request.get("prompt")
+    if isinstance(prompt, list) and prompt and not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return len(prompt), "prompts"
+    messages = request.get("messages")
+    if isinstance(messages, list) and messages and all(isinstance(m, list) for m in messages):
+        return len(messages), "conversations"
+    return 1, "prompt"
+
+
+def check_fanout(request: dict, config: GateConfig) -> None:
+    if config.max_n is None:
+        return
+    params = request.get("sampling_params")  # /inference/v1/generate
+    for where, holder in (("n", request), ("sampling_params.n", params)):
+        if not isinstance(holder, dict) or holder.get("n") is None:
+            continue
+        n = as_int(holder["n"], where)
+        if n is not None and n > config.max_n:
+            raise GateError(f"{where}={n}: this server decodes at most {config.max_n} sequences "
+                            f"together (its --max-num-seqs); ask for n <= {config.max_n}",
+                            param=where)
+    n = as_int(request.get("n"), "n") if request.get("n") is not None else 1
+    prompts, what = prompt_count(request)
+    seqs = prompts * max(n or 1, 1)
+    if seqs > config.max_seqs:
+        raise GateError(f"{prompts} {what} x n={n or 1} = {seqs} sequences: this server starts at "
+                        f"most {config.max_seqs} per request ({FANOUT} x its --max-num-seqs "
+                        f"{config.max_n}); split the request",
+                        param="prompt" if what == "prompts" else "messages")
+
+
 def check_request(request: Any, config: GateConfig) -> None:
     """Raise :class:`GateError` / :class:`ImageInputError` for a parsed body the server
     must refuse."""
-    if isinstance(request, dict) and config.max_n is not None:
-        n = request.get("n")
-        if isinstance(n, int) and not isinstance(n, bool) and n > config.max_n:
-            raise GateError(f"n={n}: this server decodes at most {config.max_n} sequences "
-                            f"together (its --max-num-seqs); ask for n <= {config.max_n}",
-                            param="n")
+    if isinstance(request, dict):
+        check_fanout(request, config)
     images: list[tuple[str, Any]] = []
-    for path, node in _walk(request):
+    extras: list[tuple[str, Any]] = []
+    schemas: list[tuple[str, Any]] = []
+    for path, node in _walk(request, schemas):
         found = media_part(node)
         if found is None:
             continue
@@ -229,8 +371,13 @@ def check_request(request: Any, config: GateConfig) -> None:
             raise GateError(f"{where}: {kind} parts are not accepted by vllm-edge serve (text "
                             "and data:image/...;base64 images only)", param=where)
         images.append((where, url))
+        extras += [(where, u) for u in extra_urls(node)]
+    check_schemas(schemas)
     if images:
         validate_image_urls(images, config.images, model=config.model,
+                            accepts_images=config.accepts_images)
+    for where, url in extras:  # one part, one image: counted above, each reference checked
+        validate_image_urls([(where, url)], config.images, model=config.model,
                             accepts_images=config.accepts_images)
 
 
@@ -245,6 +392,35 @@ def check_body(body: bytes, config: GateConfig) -> None:
     check_request(request, config)
 
 
+def _hashed(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+def key_matches(scope: Scope, hashes: tuple[bytes, ...]) -> bool:
+    """The request's ``Authorization: Bearer KEY`` is one of the keys (as vLLM reads it),
+    compared in constant time."""
+    auth = _header(scope, b"authorization")
+    if auth is None:
+        return False
+    scheme, _, param = auth.decode("latin-1").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    h, ok = _hashed(param), False
+    for want in hashes:
+        ok |= hmac.compare_digest(h, want)
+    return ok
+
+
+LOOPBACK_HOST = re.compile(r"(?:localhost|127(?:\.\d{1,3}){3}|\[::1\])(?::\d{1,5})?", re.I)
+
+
+def loopback_host(scope: Scope) -> bool:
+    """The request's Host header names this machine's loopback (or there is none: not a
+    browser, which always sends one)."""
+    host = _header(scope, b"host")
+    return host is None or LOOPBACK_HOST.fullmatch(host.decode("latin-1").strip()) is not None
+
+
 class RequestGate:
     def __init__(self, app: ASGIApp, config: GateConfig | None = None) -> None:
         self.app = app
@@ -253,26 +429,55 @@ class RequestGate:
         if self.config.idle_exit_s:
             threading.Thread(target=_watch_idle, args=(self.activity, self.config.idle_exit_s),
                              name="vllm-edge-idle-exit", daemon=True).start()
-        self.entry: ASGIApp = self._gate
-        if self.config.api_keys:
-            from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
-
-            self.entry = AuthenticationMiddleware(self._gate, tokens=list(self.config.api_keys))
+        self._key_hashes = tuple(_hashed(k) for k in self.config.api_keys)
 
     def __repr__(self) -> str:  # no keys in logs
         cfg = dataclasses.replace(self.config, api_keys=("***",) * len(self.config.api_keys))
         return f"RequestGate({cfg})"
 
+    def refusal(self, scope: Scope) -> GateError | None:
+        """Why this connection is refused before anything is read: no key, or a foreign
+        Host on a keyless loopback server."""
+        if self.config.loopback_hosts_only and not loopback_host(scope):
+            return GateError("this server answers only requests addressed to localhost, "
+                             "127.0.0.1 or [::1] (Host header); start it with --api-key to "
+                             "serve other names", status=403)
+        if not self._key_hashes:
+            return None
+        path = scope.get("path", "")
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root):] or "/"
+        if path in OPEN_PATHS:
+            return None
+        if (scope["type"] == "http" and scope.get("method") == "OPTIONS"
+                and _header(scope, b"access-control-request-method") is not None):
+            return None  # a CORS preflight carries no credentials by design; it runs nothing
+        if key_matches(scope, self._key_hashes):
+            return None
+        return GateError("missing or wrong API key: send 'Authorization: Bearer KEY'",
+                         status=401)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)  # lifespan
+            return
+        refused = self.refusal(scope)
+        if refused is not None:
+            if scope["type"] == "websocket":  # before accept: the server answers 403
+                await send({"type": "websocket.close", "code": 1008})
+            else:
+                await _refuse(send, refused)
+            return
         if scope["type"] == "http" and scope.get("path") == STATUS_PATH:
             await self._status(send)
             return
         if scope["type"] != "http" or scope.get("method") != "POST":
-            await self.entry(scope, receive, send)  # health checks and listings are not use
+            await self._gate(scope, receive, send)  # health checks and listings are not use
             return
         self.activity.begin()
         try:
-            await self.entry(scope, receive, send)
+            await self._gate(scope, receive, send)
         finally:
             self.activity.end()
 
@@ -286,28 +491,41 @@ class RequestGate:
                                 (b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})
 
-    async def _gate(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
-            await self.app(scope, receive, send)
-            return
+    async def _read_body(self, receive: Receive, send: Send) -> bytes | None:
+        """The whole body, or None once a refusal was sent (or the client left)."""
         cap = self.config.body_cap
-        declared = _content_length(scope)
-        if declared is not None and declared > cap:
-            await _refuse(send, self._too_large(declared))
-            return
         chunks, size, more = [], 0, True
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
-                return  # the client left before it finished sending
+                return None  # the client left before it finished sending
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > cap:
                 await _refuse(send, self._too_large(size, at_least=True))
-                return
+                return None
             chunks.append(chunk)
             more = message.get("more_body", False)
-        body = b"".join(chunks)
+        return b"".join(chunks)
+
+    async def _gate(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.config.body_cap:
+            await _refuse(send, self._too_large(declared))
+            return
+        try:
+            body = await asyncio.wait_for(self._read_body(receive, send),
+                                          self.config.body_timeout_s)
+        except asyncio.TimeoutError:
+            await _refuse(send, GateError(
+                f"the request body did not arrive within {self.config.body_timeout_s:g} s "
+                "(BODY_READ_TIMEOUT_S)", status=408))
+            return
+        if body is None:
+            return
         if _is_json(scope):
             try:
                 # decoding an image is CPU work: off the event loop, so other requests go on

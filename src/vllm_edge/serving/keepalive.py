@@ -1,11 +1,19 @@
 """Keep-alive model servers: `run` talks to a `vllm-edge serve` that stays loaded.
 
 One record per server under ``$VLLM_EDGE_HOME/servers/`` (model, port, pid, keep-alive,
-log). A record counts only while its process answers ``/vllm-edge/status`` on loopback
-with its own pid; anything else is stale and removed by whoever finds it. Starting a
-server holds a per-model file lock until it is healthy, so two `run`s started together
-start one server and the second reuses it. Servers bind 127.0.0.1 only and stop
-themselves after their keep-alive without a request (``serve --idle-exit``).
+log, token). A record counts only while it is the owner's alone (a file of this user with
+mode 0600 in a 0700 directory) and its process answers ``/vllm-edge/status`` on loopback,
+with the record's token, with its own pid; anything else is not used, and a dead one is
+removed by whoever finds it. Starting a server holds a per-model file lock until it is
+healthy, so two `run`s started together start one server and the second reuses it.
+
+Only its owner can reach a server: it gets a random token (``secrets.token_urlsafe``) as its
+API key, through the environment (``VLLM_API_KEY``, so it never shows in ``ps``), and asks
+for it on every route but ``/health``, ``/ping`` and ``/version``. The parent binds
+127.0.0.1:0 itself and hands the listening socket to the child (no window in which another
+process could take the port), and the client checks the server's pid and token before each
+turn. Servers stop themselves after their keep-alive without a request (``serve
+--idle-exit``).
 
 Nothing here imports torch or vLLM: a `run` that finds its server starts in a fraction
 of a second.
@@ -16,8 +24,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -30,6 +40,8 @@ from vllm_edge.common.errors import EdgeError
 HOST = "127.0.0.1"
 DEFAULT_KEEP_ALIVE_S = 300.0
 STATUS_PATH = "/vllm-edge/status"  # answered by serving.gate
+# vLLM's own variable for its API key: how the server gets its token without a flag in `ps`
+SERVER_KEY_ENV = "VLLM_API_KEY"
 
 
 class KeepAliveError(EdgeError):
@@ -46,10 +58,15 @@ class Record:
     keep_alive_s: float
     log: str
     started: float = field(default_factory=time.time)
+    token: str = ""  # the server's API key; the record file is the owner's alone
 
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
 
 def state_dir() -> Path:
@@ -85,15 +102,29 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
 
 
-def status(port: int, timeout: float = 2.0) -> dict[str, Any] | None:
-    """The server's own view (pid, idle_s, in_flight, requests), or None."""
+def status(port: int, timeout: float = 2.0, token: str = "") -> dict[str, Any] | None:
+    """The server's own view (pid, idle_s, in_flight, requests), or None; ``token`` is its
+    API key. Loopback calls never go through a proxy from the environment."""
     import httpx
 
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        r = httpx.get(f"http://{HOST}:{port}{STATUS_PATH}", timeout=timeout)
-        return r.json() if r.status_code == 200 else None
+        r = httpx.get(f"http://{HOST}:{port}{STATUS_PATH}", timeout=timeout, headers=headers,
+                      trust_env=False)
+        st = r.json() if r.status_code == 200 else None
+        return st if isinstance(st, dict) else None
     except (httpx.HTTPError, ValueError):
         return None
+
+
+def verify(rec: Record) -> None:
+    """The server on ``rec.port`` is still ``rec``'s: it answers the record's token with the
+    record's pid. A KeepAliveError otherwise (it stopped, or another process has the port)."""
+    st = status(rec.port, token=rec.token)
+    if not st or st.get("pid") != rec.pid:
+        raise KeepAliveError(f"the model server on port {rec.port} (pid {rec.pid}) is gone or "
+                             "no longer answers with its token; run the command again to start "
+                             "a new one")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -106,11 +137,45 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def owner_only(path: Path) -> bool:
+    """``path`` is a regular file of this user that nobody else may read or write."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+            and not st.st_mode & (stat.S_IRWXG | stat.S_IRWXO))
+
+
 def _read(path: Path) -> Record | None:
+    if not owner_only(path):
+        return None
     try:
         return Record(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         return None
+
+
+def _state_dir_ready() -> Path:
+    d = state_dir()
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    d.chmod(0o700)
+    return d
+
+
+def write_record(path: Path, rec: Record) -> None:
+    """The record, created 0600 from its first byte, then renamed into place."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(asdict(rec), f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def records(clean: bool = True) -> list[tuple[Record, dict[str, Any]]]:
@@ -118,10 +183,10 @@ def records(clean: bool = True) -> list[tuple[Record, dict[str, Any]]]:
     out = []
     for path in sorted(state_dir().glob("*.json")) if state_dir().is_dir() else []:
         rec = _read(path)
-        st = status(rec.port) if rec and _pid_alive(rec.pid) else None
+        st = status(rec.port, token=rec.token) if rec and rec.token and _pid_alive(rec.pid) else None
         if rec and st and st.get("pid") == rec.pid:
             out.append((rec, st))
-        elif clean and (rec is None or not _pid_alive(rec.pid)):
+        elif clean and owner_only(path) and (rec is None or not _pid_alive(rec.pid)):
             path.unlink(missing_ok=True)  # a starting server is alive but not answering yet
     return out
 
@@ -133,10 +198,16 @@ def find(key: str) -> Record | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+def _listening_socket() -> socket.socket:
+    """127.0.0.1 on a port the kernel picks, listening: handed to the server as it is."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((HOST, 0))
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def ensure(model: str, quant: str, keep_alive_s: float, options: dict[str, Any] | None = None,
@@ -149,24 +220,33 @@ def ensure(model: str, quant: str, keep_alive_s: float, options: dict[str, Any] 
     from vllm_edge.serving import engine_log
 
     key = server_key(model, quant, ranks)
-    record_path = state_dir() / f"{_slug(key)}.json"
+    record_path = _state_dir_ready() / f"{_slug(key)}.json"
     with atomic.lock(record_path):
         rec = find(key)
         if rec is not None:
             return rec, False
-        port = _free_port()
+        sock = _listening_socket()
+        port = sock.getsockname()[1]
+        token = secrets.token_urlsafe(32)
         log = engine_log.new_path("serve")
         spec = {**(options or {}), "model": model, "host": HOST, "port": port,
-                "dtype": "bf16" if quant == "none" else "auto", "idle_exit_s": keep_alive_s}
+                "dtype": "bf16" if quant == "none" else "auto", "idle_exit_s": keep_alive_s,
+                "sock_fd": sock.fileno()}
         if ranks != (1, 1):
             spec["parallel"] = {"tensor": ranks[0], "pipeline": ranks[1]}
         cmd = [sys.executable, "-m", "vllm_edge.serving.keepalive_server", json.dumps(spec)]
-        with open(log, "w") as fh:
-            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        # the key by environment (owner-only /proc/PID/environ), never on the command line
+        env = {**os.environ, SERVER_KEY_ENV: token}
+        try:
+            with open(log, "w") as fh:
+                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True,
+                                        pass_fds=(sock.fileno(),), env=env)
+        finally:
+            sock.close()  # the child holds its own copy
         rec = Record(key=key, model=model, quant=quant, port=port, pid=proc.pid,
-                     keep_alive_s=keep_alive_s, log=str(log))
-        atomic.write_json(record_path, asdict(rec))
+                     keep_alive_s=keep_alive_s, log=str(log), token=token)
+        write_record(record_path, rec)
         say(f"starting a model server for {model} (pid {proc.pid}, log: {log})")
         t0 = time.time()
         while time.time() - t0 < ready_timeout_s:
@@ -175,7 +255,7 @@ def ensure(model: str, quant: str, keep_alive_s: float, options: dict[str, Any] 
                 tail = "".join(Path(log).read_text(errors="replace").splitlines(True)[-5:])
                 raise KeepAliveError(f"the model server exited with {proc.returncode} before it "
                                      f"was ready; its log: {log}\n{tail}")
-            st = status(port, timeout=1.0)
+            st = status(port, timeout=1.0, token=token)
             if st and st.get("pid") == proc.pid and _healthy(port):
                 return rec, True
             time.sleep(0.25)
@@ -188,7 +268,8 @@ def _healthy(port: int) -> bool:
     import httpx
 
     try:
-        return httpx.get(f"http://{HOST}:{port}/health", timeout=2).status_code == 200
+        return httpx.get(f"http://{HOST}:{port}/health", timeout=2,
+                         trust_env=False).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -226,6 +307,7 @@ def served_name(rec: Record) -> str:
     import httpx
 
     try:
-        return httpx.get(rec.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        return httpx.get(rec.url + "/v1/models", timeout=10, headers=rec.headers,
+                         trust_env=False).json()["data"][0]["id"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
         raise KeepAliveError(f"the server on port {rec.port} did not list its model ({exc})") from None

@@ -33,6 +33,11 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m vllm_edge.serving.keepalive_server OPTIONS_JSON", file=sys.stderr)
         return 2
     options = options_from_json(argv[0])
+    fd = options.pop("sock_fd", None)
+    if fd is not None:  # the parent's bound, listening socket: no port race
+        import socket
+
+        options["sock"] = socket.socket(fileno=int(fd))
     try:
         return serve.main(options.pop("model"), **options)
     except EdgeError as exc:  # the parent shows the log's tail

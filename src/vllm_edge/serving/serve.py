@@ -166,7 +166,9 @@ def own_template(model_path: Path) -> str | None:
         return jinja.read_text()
     cfg = model_path / "tokenizer_config.json"
     if cfg.exists():
-        tmpl = json.loads(cfg.read_text()).get("chat_template")
+        from vllm_edge.common import model_config
+
+        tmpl = model_config.loads(cfg.read_bytes(), str(cfg)).get("chat_template")
         return tmpl if isinstance(tmpl, str) else json.dumps(tmpl)
     return None
 
@@ -193,7 +195,7 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
     from vllm_edge.models import store
     from vllm_edge.runtime import images, weight_path
     from vllm_edge.runtime.engine import edge_engine
-    from vllm_edge.serving.gate import GateConfig
+    from vllm_edge.serving.gate import FANOUT, MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, GateConfig
 
     if idle_exit_s is not None and idle_exit_s <= 0:
         raise ServeError(f"--idle-exit {idle_exit_s:g}: must be more than 0 seconds")
@@ -226,9 +228,13 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
     if accepts:
         argv += ["--limit-mm-per-prompt", json.dumps({"image": limits.max_images})]
     gate_lines = [
-        f"request gate: {GATE} checks the API key first, refuses bodies over "
-        f"{gate.body_cap} bytes (VLLM_EDGE_MAX_BODY_BYTES), JSON nested over "
-        "64 levels and n over max_num_seqs, and audio/video/embedding/file parts on every route",
+        f"request gate: {GATE} checks the API key first, on every route but /health, /ping "
+        "and /version (on loopback without a key: only loopback Host names), refuses bodies "
+        f"over {gate.body_cap} bytes (VLLM_EDGE_MAX_BODY_BYTES) or slower than "
+        f"{gate.body_timeout_s:g} s, JSON nested over 64 levels, schemas over "
+        f"{MAX_SCHEMA_BYTES} bytes or {MAX_SCHEMA_DEPTH} levels, n over max_num_seqs, more "
+        f"than {FANOUT} x max_num_seqs sequences (prompts or conversations x n), and "
+        "audio/video/embedding/file parts on every route",
         (f"images: data URLs only, {'/'.join(limits.formats)}, up to {limits.max_bytes} bytes "
          f"(VLLM_EDGE_MAX_IMAGE_BYTES) and {limits.max_pixels} pixels "
          f"(VLLM_EDGE_MAX_IMAGE_PIXELS), {limits.max_images} per request; a bad one gets a "
@@ -312,18 +318,22 @@ def configure_gate(p: ServePlan, args: Any) -> None:
     from vllm_edge.serving import gate
 
     keys = api_keys(args)
-    gate.configure(dataclasses.replace(p.gate, api_keys=keys, max_n=args.max_num_seqs))
+    gate.configure(dataclasses.replace(p.gate, api_keys=keys, max_n=args.max_num_seqs,
+                                       loopback_hosts_only=p.host in LOOPBACK and not keys))
     if p.host not in LOOPBACK and not keys:
         print(f"[vllm-edge] WARNING: listening on {p.host}, beyond this machine, with no API "
               "key: anyone who can reach the port can use the model. Pass --api-key KEY (or "
               "set VLLM_API_KEY); see docs/guide/serve.md#security", file=sys.stderr, flush=True)
 
 
-def main(model: str, **options: Any) -> int:
+def main(model: str, *, sock: socket.socket | None = None, **options: Any) -> int:
+    """``sock``: a socket already bound to ``host:port`` and listening (the keep-alive
+    server's, bound by its parent); otherwise one is bound here."""
     host, port = options["host"], options["port"]
     par = options.get("parallel") or Parallel()
     # ServeError on a busy port, before any engine work; a headless node serves no API
-    sock = None if par.headless else bind(host, port)
+    if sock is None and not par.headless:
+        sock = bind(host, port)
     try:
         p = plan(model, **options)
         for line in p.lines:

@@ -125,7 +125,7 @@ def test_a_folder_without_a_config_is_named(home, tmp_path):
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(store.ModelNotAvailable, match=r"empty/config.json: cannot read a model config"):
+    with pytest.raises(store.ModelNotAvailable, match=r"empty/config.json: missing; a model folder must hold a Hugging Face config.json"):
         weight_path.model_for_engine(str(empty))
 
 

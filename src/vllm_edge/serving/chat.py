@@ -31,10 +31,33 @@ class ChatError(EdgeError):
 
 @dataclass
 class Settings:
-    temperature: float = 0.7
-    top_p: float = 1.0
+    """What the chat sends. ``temperature`` and ``top_p`` left at None are not sent, so the
+    server's defaults apply (the model's own, see serving/sampling.py); ``server`` holds those
+    defaults and ``server_source`` where they came from, for /show."""
+    temperature: float | None = None
+    top_p: float | None = None
     max_tokens: int = 512
     system: str | None = None
+    server: dict = field(default_factory=dict)
+    server_source: str | None = None
+
+    def sampling(self) -> dict[str, float]:
+        """The sampling fields a request carries: only those set here."""
+        return {k: v for k in ("temperature", "top_p") if (v := getattr(self, k)) is not None}
+
+    def show(self) -> str:
+        """Each sampling value and where it comes from."""
+        parts = []
+        for key in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
+            mine = getattr(self, key, None)
+            if mine is not None:
+                parts.append(f"{key}={mine} (/set)")
+            elif key in self.server:
+                parts.append(f"{key}={self.server[key]} (server default)")
+            elif key in ("temperature", "top_p"):
+                parts.append(f"{key}=server default")
+        src = f"\nserver defaults from: {self.server_source}" if self.server_source else ""
+        return " ".join(parts) + src
 
     def set(self, name: str, value: str) -> str:
         kinds: dict[str, Callable[[str], Any]] = {"temperature": float, "top_p": float,
@@ -75,8 +98,8 @@ def stream_answer(base_url: str, model: str, messages: list[dict], settings: Set
     import httpx
 
     body = {"model": model, "messages": messages, "stream": True,
-            "stream_options": {"include_usage": True}, "temperature": settings.temperature,
-            "top_p": settings.top_p, "max_tokens": settings.max_tokens}
+            "stream_options": {"include_usage": True}, **settings.sampling(),
+            "max_tokens": settings.max_tokens}
     ans = Answer()
     try:
         with httpx.stream("POST", base_url + "/v1/chat/completions", json=body,
@@ -153,9 +176,8 @@ def repl(base_url: str, model: str, settings: Settings, *, banner: str,
                 history.clear()
                 out.write("(conversation cleared)\n")
             elif cmd == "/show":
-                out.write(f"temperature={settings.temperature} top_p={settings.top_p} "
-                          f"max_tokens={settings.max_tokens} system={settings.system!r} "
-                          f"history={len(history)} messages\n")
+                out.write(f"{settings.show()}\nmax_tokens={settings.max_tokens} "
+                          f"system={settings.system!r} history={len(history)} messages\n")
             elif cmd == "/set":
                 name, _, value = rest.strip().partition(" ")
                 try:

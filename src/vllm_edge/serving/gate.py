@@ -116,6 +116,9 @@ class GateConfig:
     idle_exit_s: float | None = None  # stop the server after this long without a request
     loopback_hosts_only: bool = False  # answer only loopback Host names (keyless loopback)
     body_timeout_s: float = BODY_READ_TIMEOUT_S
+    # the sampling vLLM applies where a request sets none, and where it came from (for /show)
+    sampling: dict | None = None
+    sampling_source: str | None = None
 
     @property
     def max_seqs(self) -> int | None:
@@ -485,7 +488,9 @@ class RequestGate:
         payload = json.dumps({"pid": os.getpid(), "idle_s": round(self.activity.idle_s(), 1),
                               "in_flight": self.activity.in_flight,
                               "requests": self.activity.requests,
-                              "idle_exit_s": self.config.idle_exit_s}).encode()
+                              "idle_exit_s": self.config.idle_exit_s,
+                              "sampling": self.config.sampling,
+                              "sampling_source": self.config.sampling_source}).encode()
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(payload)).encode())]})

@@ -195,6 +195,7 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
     from vllm_edge.models import store
     from vllm_edge.runtime import images, weight_path
     from vllm_edge.runtime.engine import edge_engine
+    from vllm_edge.serving import sampling
     from vllm_edge.serving.gate import FANOUT, MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, GateConfig
 
     if idle_exit_s is not None and idle_exit_s <= 0:
@@ -219,10 +220,12 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
     if parser:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", parser,
                  "--tool-strict-level", TOOL_STRICT_LEVEL]
+    samp = sampling.for_model(model, Path(path))
+    argv += ["--override-generation-config", json.dumps(samp.values)]
     accepts = images.model_accepts_images(path)
     # a bad VLLM_EDGE_MAX_IMAGE* or VLLM_EDGE_MAX_BODY_BYTES fails here, not at start
     gate = GateConfig.from_env(accepts_images=accepts, model=model, api_keys=(),
-                               idle_exit_s=idle_exit_s)
+                               idle_exit_s=idle_exit_s, sampling=samp.values, sampling_source=samp.source)
     limits = gate.images
     argv += ["--middleware", GATE]
     if accepts:
@@ -246,7 +249,7 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
 
     lines = [f"model: {path}", *wpath.explain(), *edge.explain(),
              f"served model names: {', '.join(names)} (requests may use any of them)",
-             f"tool calls: {tools_why}", *gate_lines]
+             f"tool calls: {tools_why}", samp.explain(), *gate_lines]
     lines += par.explain()
     if idle_exit_s:
         lines.append(f"idle exit: stops after {idle_exit_s:g} s without a request (--idle-exit)")
@@ -261,6 +264,7 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
                 "vllm_argv": [("***" if i and argv[i - 1] == "--api-key" else a)
                               for i, a in enumerate(argv)],
                 "image_limits": dataclasses.asdict(limits) if accepts else None,
+                "sampling_defaults": {**samp.values, "source": samp.source},
                 "max_body_bytes": gate.body_cap}
     return ServePlan(Path(path), names, host, port, argv, dict(edge.env), lines, describe, gate,
                      headless=par.headless)

@@ -1,0 +1,44 @@
+"""`vllm-edge bench sampling`: coherent answers at the sampling a user gets by default."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from vllm_edge.cli.args import add_out
+
+NAME = "sampling"
+HELP = "coherent answers at the default sampling: vLLM's served defaults, the chat's old ones, llama.cpp's"
+ARMS = ("vllm-defaults", "vllm-chat-before", "llamacpp-python", "llamacpp-server")
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default="default")
+    p.add_argument("--gguf", default=None,
+                   help="the GGUF file llama.cpp's arms run (default: the embedded model's own file)")
+    p.add_argument("--samples", type=int, default=3, help="answers per prompt and arm")
+    p.add_argument("--france", type=int, default=10, help="times the capital-of-France question is asked")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    add_out(p, default="benchmarks/results/sampling/defaults.json")
+
+
+def run(args: argparse.Namespace) -> int:
+    from vllm_edge.bench import sampling_defaults
+    from vllm_edge.common.errors import UsageError
+
+    arms = tuple(a for a in args.arms.split(",") if a)
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown or not arms:
+        raise UsageError(f"--arms {args.arms!r}: unknown {', '.join(unknown) or '(none given)'}; "
+                         f"choose from {', '.join(ARMS)}")
+    if args.samples < 1 or args.france < 1 or args.max_tokens < 1:
+        raise UsageError("--samples, --france and --max-tokens must be at least 1")
+    result = sampling_defaults.run(args.model, gguf=args.gguf, samples=args.samples, france=args.france,
+                                   max_tokens=args.max_tokens, arms=arms, out=args.out,
+                                   say=lambda m: print(f"[bench sampling] {m}", file=sys.stderr))
+    print(json.dumps({arm: {"coherent": f"{a['coherent']}/{a['asked']}",
+                            "france": f"{a['france']['coherent']}/{a['france']['asked']}"}
+                      for arm, a in result["arms"].items()}, indent=2))
+    return 0

@@ -80,7 +80,7 @@ def client(args: argparse.Namespace, keep_s: float) -> int:
     import time
 
     from vllm_edge.common.procmem import process_start_epoch, tree_rss_anon_mb
-    from vllm_edge.serving import chat, keepalive
+    from vllm_edge.serving import chat, keepalive, startup_phases
     from vllm_edge.serving.run import DEFAULT_PROMPT, DEFAULT_SYSTEM
 
     started = process_start_epoch()
@@ -92,8 +92,12 @@ def client(args: argparse.Namespace, keep_s: float) -> int:
                "enforce_eager": args.enforce_eager}
     ranks = (args.tensor_parallel_size, args.pipeline_parallel_size)
     t0 = time.time()
-    rec, new = keepalive.ensure(args.model, args.quant, keep_s, options, ranks=ranks,
-                                say=lambda m: print(f"[vllm-edge] {m}", file=sys.stderr))
+    # a pipe gets the answer alone; a terminal sees every phase of a first start
+    quiet = args.prompt is None and not interactive
+    display = None if quiet else startup_phases.Display(sys.stderr, sys.stderr.isatty())
+    rec, new = keepalive.ensure(args.model, args.quant, keep_s, options, ranks=ranks, progress=display,
+                                say=(lambda m: None) if quiet else
+                                (lambda m: print(f"[vllm-edge] {m}", file=sys.stderr)))
     how = f"started, ready in {time.time() - t0:.1f} s" if new else "reused"
     name = keepalive.served_name(rec)
     st = keepalive.status(rec.port, token=rec.token) or {}

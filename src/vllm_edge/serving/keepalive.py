@@ -212,12 +212,16 @@ def _listening_socket() -> socket.socket:
 
 def ensure(model: str, quant: str, keep_alive_s: float, options: dict[str, Any] | None = None,
            *, say: Callable[[str], None] = lambda _: None,
+           progress: Callable[[Any], None] | None = None,
            ready_timeout_s: float = 3600, ranks: tuple[int, int] = (1, 1)) -> tuple[Record, bool]:
     """A live server for ``model``: the running one, or one started now. Returns (record,
     started). ``quant`` is `run`'s ``--quant`` (``auto`` or ``none``); ``options`` are more
-    keywords of :func:`vllm_edge.serving.serve.main` (``max_model_len``, ``enforce_eager``, ...)."""
+    keywords of :func:`vllm_edge.serving.serve.main` (``max_model_len``, ``enforce_eager``, ...).
+    ``progress`` gets a :class:`~vllm_edge.serving.startup_phases.Update` four times a second
+    while the server starts (the phases read from its log)."""
     from vllm_edge.common import atomic
     from vllm_edge.serving import engine_log
+    from vllm_edge.serving.startup_phases import PhaseTracker
 
     key = server_key(model, quant, ranks)
     record_path = _state_dir_ready() / f"{_slug(key)}.json"
@@ -247,9 +251,12 @@ def ensure(model: str, quant: str, keep_alive_s: float, options: dict[str, Any] 
         rec = Record(key=key, model=model, quant=quant, port=port, pid=proc.pid,
                      keep_alive_s=keep_alive_s, log=str(log), token=token)
         write_record(record_path, rec)
-        say(f"starting a model server for {model} (pid {proc.pid}, log: {log})")
+        say(f"starting a model server for {model} (pid {proc.pid})")
+        phases = PhaseTracker(log)
         t0 = time.time()
         while time.time() - t0 < ready_timeout_s:
+            if progress is not None:
+                progress(phases.poll())
             if proc.poll() is not None:
                 record_path.unlink(missing_ok=True)
                 tail = "".join(Path(log).read_text(errors="replace").splitlines(True)[-5:])
@@ -257,6 +264,8 @@ def ensure(model: str, quant: str, keep_alive_s: float, options: dict[str, Any] 
                                      f"was ready; its log: {log}\n{tail}")
             st = status(port, timeout=1.0, token=token)
             if st and st.get("pid") == proc.pid and _healthy(port):
+                if progress is not None:
+                    progress(phases.finish())
                 return rec, True
             time.sleep(0.25)
         stop(rec)

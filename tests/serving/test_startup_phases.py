@@ -1,0 +1,66 @@
+"""The phases of a first start, read from a server log as it grows: each phase found by the
+line that opens it, its time, and the progress counter of the current one."""
+
+from __future__ import annotations
+
+import io
+
+from vllm_edge.serving.startup_phases import Display, PhaseTracker
+
+LOG = [
+    "[vllm-edge] model: /models/smollm2-135m-cpu_int4-g32\n",
+    "import SmolLM2-135M-Instruct.Q4_1.gguf:  33%|###       | 1/3 [00:02<00:04, 2.00s/step]\r",
+    "quantize cpu_int4 g32:  45%|####      | 123/273 [00:12<00:13, 9.81tensor/s]\r",
+    "quantize cpu_int4 g32: 100%|##########| 273/273 [00:30<00:00, 9.10tensor/s]\n",
+    "(EngineCore pid=1) INFO [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config\n",
+    "(EngineCore pid=1) INFO [cpu_model_runner.py:68] Starting to load model /m...\n",
+    "(EngineCore pid=1) INFO [cpu_model_runner.py:87] Warming up model for the compilation...\n",
+    "(EngineCore pid=1) INFO [kv_cache_utils.py:2327] CPU KV cache size: 8,320 tokens\n",
+    "(MainProcess pid=0) INFO [entry.py:140] Starting vLLM server on http://127.0.0.1:1\n",
+]
+
+
+class Clock:
+    t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_phases_and_progress_as_the_log_grows(tmp_path):
+    log = tmp_path / "serve.log"
+    log.write_text("")
+    clock = Clock()
+    tracker = PhaseTracker(log, clock=clock)
+    seen = []
+    for i, line in enumerate(LOG):
+        with open(log, "a") as f:
+            f.write(line)
+        clock.t = 10.0 * (i + 1)
+        seen.append(tracker.poll())
+    assert seen[0].current is None  # serve's own lines open no phase
+    assert seen[1].current == "converting the model to bf16" and seen[1].progress == "33% 1/3"
+    assert seen[2].current == "quantizing" and seen[2].progress == "45% 123/273"
+    assert seen[2].ended == [("converting the model to bf16", 10.0)]
+    assert seen[3].progress == "100% 273/273"
+    assert [u.current for u in seen[4:]] == [
+        "starting the engine", "loading the weights", "compiling the model (cached for the next start)",
+        "allocating the KV cache", "starting the API server"]
+    clock.t += 5
+    done = tracker.finish()
+    assert done.ended == [("starting the API server", 5.0)] and done.current is None
+
+
+def test_the_display_keeps_finished_phases_and_redraws_the_current_one(tmp_path):
+    log = tmp_path / "serve.log"
+    log.write_text(LOG[1] + LOG[2])
+    out = io.StringIO()
+    show = Display(out, tty=True)
+    tracker = PhaseTracker(log)
+    show(tracker.poll())
+    text = out.getvalue()
+    assert "[vllm-edge] converting the model to bf16: " in text and text.endswith(" s")
+    assert "\r\033[K[vllm-edge] quantizing... 45% 123/273" in text
+    piped = io.StringIO()
+    Display(piped, tty=False)(PhaseTracker(log).poll())
+    assert "\r" not in piped.getvalue() and "quantizing..." not in piped.getvalue()

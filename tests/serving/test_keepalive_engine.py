@@ -53,6 +53,11 @@ def test_two_first_runs_start_one_server(first_runs):
         assert "Paris" in out
     starts = [err for _, _, err in first_runs if "starting a model server" in err]
     assert len(starts) == 1, [e[-500:] for _, _, e in first_runs]
+    # the phases of the start, each with its time, read from the server's log while waiting
+    shown = re.findall(r"\[vllm-edge\] ([a-zA-Z ,()0-9]+): \d+ s\n", starts[0])
+    want = ["starting the engine", "loading the weights", "allocating the KV cache", "starting the API server"]
+    assert [p for p in shown if p in want] == want, starts[0][-3000:]
+    assert "log:" not in starts[0]  # the log path only on failure
     pids = {re.search(r"server pid (\d+)", err).group(1) for _, _, err in first_runs}
     assert len(pids) == 1
     (row,) = _ps()

@@ -97,6 +97,19 @@ def _overlap(a: dict, b: dict) -> bool:
     return a["min"] <= b["max"] and b["min"] <= a["max"]
 
 
+def pair_flags(a: dict, b: dict) -> list[str]:
+    """The noise flags of a ratio or difference of two summaries, from the pair itself: ``NOT A
+    RANKING`` when their [min, max] ranges overlap or either has one pass, and ``n=N`` when
+    either has fewer than three passes (a median of two is their mean)."""
+    flags = []
+    n = min(a.get("n") or 1, b.get("n") or 1)
+    if n < 2 or _overlap(a, b):
+        flags.append(NOT_A_RANKING)
+    if n < 3:
+        flags.append(f"n={n}")
+    return flags
+
+
 def rank(summaries: dict[str, dict], metric: str) -> dict:
     """Order arms by median in the metric's direction.
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_edge.common import stats
 from vllm_edge.quant.formats.cpu_int4 import NAME as CPU_INT4
 from vllm_edge.quant.formats.gptq import NAME as GPTQ
 from vllm_edge.quant.groups import DEFAULT_GROUP
@@ -273,6 +274,11 @@ def _get(data: Any, key: Key, where: str) -> Any:
     return data
 
 
+def _summary(v: Any) -> bool:
+    """A stats summary with the range a pair verdict needs."""
+    return isinstance(v, dict) and all(k in v for k in ("min", "max", "median"))
+
+
 def _number(v: Any) -> tuple[Any, list[str]]:
     """(value, flags) of a number or a stats dict."""
     if isinstance(v, dict) and "median" in v:
@@ -344,7 +350,8 @@ class Figure:
 
 def evaluate(claim: Claim, results_dir: Path) -> Figure:
     data = load(results_dir, claim.artifact)
-    value, flags = _number(_get(data, claim.key, claim.artifact))
+    raw = _get(data, claim.key, claim.artifact)
+    value, flags = _number(raw)
     grid = isinstance(data.get("arms"), list)
     builds = [_arm_build(data, claim.key) if grid else _prov_build(data)]
     hosts = [_host(data)]
@@ -352,8 +359,13 @@ def evaluate(claim: Claim, results_dir: Path) -> Figure:
     if other:
         o_art = other[0] or claim.artifact
         o_data = data if o_art == claim.artifact else load(results_dir, o_art)
-        o_value, o_flags = _number(_get(o_data, other[1], o_art))
+        o_raw = _get(o_data, other[1], o_art)
+        o_value, o_flags = _number(o_raw)
         flags += [f for f in o_flags if f not in flags]
+        if _summary(raw) and _summary(o_raw):
+            # a ratio's noise is the pair's own verdict, not what each arm carried in its grid
+            flags = [f for f in flags if f != stats.NOT_A_RANKING]
+            flags += [f for f in stats.pair_flags(raw, o_raw) if f not in flags]
         o_grid = isinstance(o_data.get("arms"), list)
         builds.append(_arm_build(o_data, other[1]) if o_grid else _prov_build(o_data))
         hosts.append(_host(o_data))

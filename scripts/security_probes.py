@@ -222,15 +222,10 @@ def _config_deep() -> str:
 
 
 def _gguf(tensors: list, meta: bytes = b"", n_meta: int = 0, data: int = 128) -> bytes:
-    def s(text: str) -> bytes:
-        return struct.pack("<Q", len(text)) + text.encode()
+    sys.path.insert(0, str(REPO / "tests"))
+    from support.gguf_bytes import handmade
 
-    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), 1 + n_meta)
-    head += s("general.architecture") + struct.pack("<I", 8) + s("llama") + meta
-    for name, offset in tensors:
-        head += s(name) + struct.pack("<IQIQ", 1, 32, 0, offset)
-    head += b"\0" * (-len(head) % 32)
-    return head + b"\0" * data
+    return handmade(tensors, meta=meta, n_meta=n_meta, data=data)
 
 
 def _inspect(blob: bytes) -> str:

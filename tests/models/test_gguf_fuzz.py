@@ -18,6 +18,7 @@ import pytest
 
 from support import fuzz
 from support.checkpoints import no_partial_output, tiny_llama_gguf
+from support.gguf_bytes import handmade
 from vllm_edge.common import manifest
 from vllm_edge.models.gguf_import import GgufImportError, import_gguf
 
@@ -185,35 +186,18 @@ def test_a_tokenizer_transformers_cannot_build_names_the_file(pristine, tmp_path
     _refused(_write(tmp_path, _replace(pristine["bytes"], old, new)), match)
 
 
-def _handmade(tensors: list[tuple[str, int]], *, data: int = 128, meta: bytes = b"",
-              n_meta: int = 0) -> bytes:
-    """A GGUF v3 with general.architecture=llama, ``meta`` more metadata entries, and one-row
-    f32 tensors of 32 values at the given data offsets."""
-    import struct
-
-    def s(text: str) -> bytes:
-        return struct.pack("<Q", len(text)) + text.encode()
-
-    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), 1 + n_meta)
-    head += s("general.architecture") + struct.pack("<I", 8) + s("llama") + meta
-    for name, offset in tensors:
-        head += s(name) + struct.pack("<IQIQ", 1, 32, 0, offset)
-    head += b"\0" * (-len(head) % 32)
-    return head + b"\0" * data
-
-
 def test_tensors_that_share_data_are_refused_naming_one(tmp_path):
     """3000 tensors on block 0's data passed every check and the import built ~100x the model."""
     from vllm_edge.models.gguf_import import inspect_gguf
 
-    src = _write(tmp_path, _handmade([(f"blk.{i}.w", 0) for i in range(3000)]))
+    src = _write(tmp_path, handmade([(f"blk.{i}.w", 0) for i in range(3000)]))
     with pytest.raises(GgufImportError, match=r"tensor blk\.1\.w's data \(at offset 0\) overlaps "
                                               r"or comes before the data of blk\.0\.w"):
         inspect_gguf(src)
-    src = _write(tmp_path, _handmade([("a", 128), ("b", 0)], data=256))  # out of order
+    src = _write(tmp_path, handmade([("a", 128), ("b", 0)], data=256))  # out of order
     with pytest.raises(GgufImportError, match=r"tensor b's data"):
         inspect_gguf(src)
-    assert inspect_gguf(_write(tmp_path, _handmade([("a", 0), ("b", 128)], data=256))).tensor_count == 2
+    assert inspect_gguf(_write(tmp_path, handmade([("a", 0), ("b", 128)], data=256))).tensor_count == 2
 
 
 def test_metadata_is_capped_by_its_cost_in_memory(tmp_path):
@@ -224,6 +208,6 @@ def test_metadata_is_capped_by_its_cost_in_memory(tmp_path):
 
     count = MAX_METADATA_MEMORY // 32
     meta = (struct.pack("<Q", 5) + b"x.big" + struct.pack("<IIQ", 9, 0, count) + b"\0" * count)
-    src = _write(tmp_path, _handmade([], meta=meta, n_meta=1))
+    src = _write(tmp_path, handmade([], meta=meta, n_meta=1))
     with pytest.raises(GgufImportError, match=r"metadata x\.big .* over 256 MiB of memory"):
         inspect_gguf(src)

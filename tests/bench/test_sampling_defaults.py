@@ -14,6 +14,8 @@ def test_the_judge_can_pass_and_fail():
                "Cité de la Tone: 4,329 (Thello toute) Cité de la Tone: 4,329 (Thello toute)")
     assert sd.loops(garbage) and not sd.coherent(garbage + " Paris", ("paris",))
     assert sd.coherent("def add(a, b):\n    return a + b", ("def", "return"))
+    assert not sd.coherent("Le Grand Paris, le Grand-Bien-Étoile, la République", ("paris",))
+    assert sd.coherent("¡Hola! means hello.", ("hola",))  # punctuation is not a letter
 
 
 def test_every_prompt_has_words_to_check():

@@ -2,8 +2,10 @@
 user gets without asking, in vLLM (through `run`'s keep-alive server) and in llama.cpp.
 
 A prompt set whose answers have a checkable word (the capital of France: "Paris"), each asked
-``samples`` times per arm. An answer is coherent when it names one of the prompt's words and
-does not loop (no run of four words repeated three times). Arms:
+``samples`` times per arm. An answer is coherent when it names one of the prompt's words, stays
+in the prompt's language (an English prompt: no accented letters, the tell of the French
+detours a small model takes) and does not loop (no run of four words repeated three times).
+Arms:
 
 - ``vllm-defaults``: what the chat sends now, nothing but the messages: the server's defaults
   (serving/sampling.py) apply;
@@ -61,10 +63,15 @@ def loops(text: str, n: int = 4, times: int = 3) -> bool:
     return bool(grams) and max(grams.values()) >= times
 
 
+def foreign(text: str) -> bool:
+    """Letters outside ASCII: an answer to an English prompt that left English."""
+    return any(ch.isalpha() and ord(ch) > 127 for ch in text)
+
+
 def coherent(text: str, words: tuple[str, ...]) -> bool:
     low = text.lower()
     named = any(re.search(rf"(?<![a-z0-9]){re.escape(w)}(?![a-z0-9])", low) for w in words)
-    return named and not loops(text)
+    return named and not loops(text) and not foreign(text)
 
 
 def _score(ask: Callable[[str], str], prompts, samples: int) -> dict[str, Any]:
@@ -126,7 +133,8 @@ def run(model: str = "default", *, gguf: str | None = None, samples: int = 3, fr
     result: dict[str, Any] = {"benchmark": "sampling_defaults", "model": model, "gguf": gguf and Path(gguf).name,
                               "samples_per_prompt": samples, "france_asked": france,
                               "max_tokens": max_tokens, "system": SYSTEM,
-                              "judge": "names one of the prompt's words and repeats no 4-word run 3 times",
+                              "judge": "names one of the prompt's words, has no non-ASCII letter and "
+                                       "repeats no 4-word run 3 times",
                               "arms": {}}
     for arm in arms:
         say(f"arm {arm}")

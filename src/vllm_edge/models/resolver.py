@@ -184,9 +184,7 @@ def resolve(arg: str) -> Source:
         return Embedded(arg)
     if store.is_gguf(arg):
         return Gguf(arg)
-    path = Path(arg).expanduser()
-    if not path.exists():
-        raise ModelNotAvailable(f"{arg}: no such model directory, and not an embedded model name")
+    path = store.resolve_model_path(arg)  # names a path that does not exist
     if not path.is_dir():
         raise ModelNotAvailable(f"{arg}: not a model directory, a GGUF file (*.gguf) or an embedded "
                                 "model name")

@@ -1,6 +1,8 @@
-"""GGUF families beyond Llama (gguf_families): Qwen2 (q/k/v biases) and Qwen3 (q/k norms, a head
-size from attention.key_length) import in bf16 as gguf dequantizes them, and repack into cpu_int4
-with their codes kept in the file's own row order (llama.cpp permutes q/k for Llama only)."""
+"""GGUF families beyond Llama (gguf_families): Qwen2 (q/k/v biases), Qwen3 (q/k norms, a head
+size from attention.key_length) and Gemma 3 (four norms a block stored as 1 + w, q/k norms)
+import in bf16 as gguf dequantizes them, and repack into cpu_int4 with their codes kept in the
+file's own row order (llama.cpp permutes q/k for Llama only). The tokenizer adds <bos> when the
+file says so."""
 
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ TYPES = {"token_embd.weight": "Q8_0", "blk.0.attn_q.weight": "Q4_K", "blk.0.attn
          "blk.0.ffn_gate.weight": "Q4_1", "blk.0.ffn_up.weight": "Q4_K", "blk.0.ffn_down.weight": "Q4_K"}
 HIDDEN, FFN = 256, 512
 # Qwen3's head size is its own (attention.key_length): 128 here, not hidden / heads = 64
-HEAD = {"qwen2": None, "qwen3": 128}
-FAMILIES = ("qwen2", "qwen3")
+HEAD = {"qwen2": None, "qwen3": 128, "gemma3": 128}
+MODEL_TYPE = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+FAMILIES = tuple(HEAD)
 
 
 def load(path):
@@ -61,13 +64,19 @@ def test_the_import_holds_ggufs_dequantization_under_the_familys_names(family_fi
     names = {gguf_repack.hf_name(src, g, fam): t for g, t in gguf_tensors(src).items()}
     assert set(w) == set(names)  # every tensor, none dropped, none invented (tied head)
     for name, t in names.items():
-        assert torch.equal(w[name], dequantized(t).to(torch.bfloat16)), name  # no row permutation
+        ref = dequantized(t)
+        if fam.norm_plus_one and name.endswith("norm.weight"):
+            ref = ref - 1  # Gemma's GGUF holds 1 + w
+        assert torch.equal(w[name], ref.to(torch.bfloat16)), name  # no row permutation
     if arch == "qwen2":
         assert {"model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.v_proj.bias"} <= set(w)
     else:
         assert w["model.layers.0.self_attn.q_norm.weight"].shape == (HEAD[arch],)
+    if arch == "gemma3":
+        assert {"model.layers.0.pre_feedforward_layernorm.weight",
+                "model.layers.0.post_feedforward_layernorm.weight"} <= set(w)
     cfg = json.loads((imported / "config.json").read_text())
-    assert cfg["architectures"] == [fam.hf_class] and cfg["model_type"] == arch
+    assert cfg["architectures"] == [fam.hf_class] and cfg["model_type"] == MODEL_TYPE[arch]
     assert cfg["tie_word_embeddings"] is True
     if HEAD[arch]:
         assert cfg["head_dim"] == HEAD[arch]  # transformers' Qwen3 default (128) is not assumed
@@ -176,3 +185,31 @@ def test_an_unknown_architecture_is_refused_with_the_list(tmp_path):
         assert listed in str(e.value)
     proc = run_cli("models", "import-gguf", str(f), str(tmp_path / "o3"), "--repack")
     assert proc.returncode == 2 and listed in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("arch,add_bos", [("qwen2", True), ("qwen2", False), ("qwen3", True)])
+def test_the_tokenizer_adds_bos_when_the_file_says_so(tmp_path, arch, add_bos):
+    """transformers' builder ignores tokenizer.ggml.add_bos_token (Gemma degenerates without its
+    <bos>); the saved tokenizer, which vLLM loads, must honour it. (The tiny file's byte-level
+    vocabulary is not Gemma's sentencepiece one: the real Gemma file is checked in
+    test_gguf_families_engine.py.)"""
+    from transformers import AutoTokenizer
+
+    src = tiny_llama_gguf(tmp_path / "t.gguf", hidden=HIDDEN, ffn=FFN, arch=arch, head_dim=HEAD[arch],
+                          add_bos=add_bos)
+    bos = 29  # the tiny vocabulary's BOS id
+    for out in (import_gguf(src, tmp_path / "bf16", progress=False),
+                repack_gguf(src, tmp_path / "rp", progress=False)):
+        ids = AutoTokenizer.from_pretrained(str(out))("ab a").input_ids
+        assert (ids[0] == bos) is add_bos, ids
+
+
+def test_a_base_model_without_chat_template_imports_but_a_llama_one_does_not(tmp_path):
+    src = tiny_llama_gguf(tmp_path / "g.gguf", hidden=HIDDEN, ffn=FFN, arch="gemma3", head_dim=HEAD["gemma3"],
+                          chat_template=False)
+    out = import_gguf(src, tmp_path / "bf16", progress=False)
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["Gemma3ForCausalLM"]
+    llama = tiny_llama_gguf(tmp_path / "l.gguf", hidden=HIDDEN, ffn=FFN, chat_template=False)
+    with pytest.raises(GgufImportError, match=r"l\.gguf: the GGUF carries no chat template"):
+        import_gguf(llama, tmp_path / "l", progress=False)
+    assert no_partial_output(tmp_path / "l")

@@ -44,7 +44,8 @@ def tiny_gguf(path: Path, arch: str) -> Path:
 
 
 def tiny_llama_gguf(path: Path, *, hidden: int = 32, ffn: int = 64, types: dict[str, str] | None = None,
-                    tied: bool = True, arch: str = "llama", head_dim: int | None = None) -> Path:
+                    tied: bool = True, arch: str = "llama", head_dim: int | None = None,
+                    add_bos: bool | None = None, chat_template: bool = True) -> Path:
     """A complete llama GGUF that ``models import-gguf`` converts in a fraction of a second:
     one layer ``hidden`` wide, a 32-token byte-level vocabulary with merges, special tokens and a
     chat template; f32 tensors and two Q8_0 ones (so a block type is dequantized too).
@@ -53,7 +54,10 @@ def tiny_llama_gguf(path: Path, *, hidden: int = 32, ffn: int = 64, types: dict[
     gguf's quantizer; "Q4_K", which gguf cannot make, as random blocks with finite scales, every
     bit pattern of the 6-bit scales and of the codes being valid). ``tied=False`` adds an
     ``output.weight``. ``arch`` "qwen2" adds f32 q/k/v biases, "qwen3" q/k norms and the head
-    size ``head_dim`` (default hidden / heads) as attention.key_length."""
+    size ``head_dim`` (default hidden / heads) as attention.key_length; "gemma3" Gemma 3's four
+    norms a block (stored as 1 + w, as llama.cpp's convert writes them), q/k norms and the key
+    length. ``add_bos`` writes tokenizer.ggml.add_bos_token; ``chat_template=False`` leaves the
+    template out."""
     import gguf
     import numpy as np
 
@@ -72,7 +76,7 @@ def tiny_llama_gguf(path: Path, *, hidden: int = 32, ffn: int = 64, types: dict[
     w.add_head_count_kv(kv_heads)
     head = head_dim or hidden // heads
     w.add_rope_dimension_count(head)
-    if arch == "qwen3":
+    if arch in ("qwen3", "gemma3"):
         w.add_key_length(head)
         w.add_value_length(head)
     w.add_layer_norm_rms_eps(1e-5)
@@ -85,8 +89,11 @@ def tiny_llama_gguf(path: Path, *, hidden: int = 32, ffn: int = 64, types: dict[
     w.add_token_merges(["\u0120 a", "a b"])
     w.add_bos_token_id(len(tokens) - 3)
     w.add_eos_token_id(len(tokens) - 1)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-                        "<|im_end|>\n{% endfor %}")
+    if chat_template:
+        w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                            "<|im_end|>\n{% endfor %}")
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
 
     def tensor(name: str, shape: tuple[int, ...]) -> None:
         a = (rng.standard_normal(shape) * 0.05).astype(np.float32)
@@ -105,7 +112,8 @@ def tiny_llama_gguf(path: Path, *, hidden: int = 32, ffn: int = 64, types: dict[
     tensor("token_embd.weight", (len(tokens), hidden))
     if not tied:
         tensor("output.weight", (len(tokens), hidden))
-    for name in ("blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "output_norm.weight"):
+    norms = ("attn_norm", "ffn_norm") + (("post_attention_norm", "post_ffw_norm") if arch == "gemma3" else ())
+    for name in [f"blk.0.{n}.weight" for n in norms] + ["output_norm.weight"]:
         tensor(name, (hidden,))
     tensor("blk.0.attn_q.weight", (q, hidden))
     tensor("blk.0.attn_k.weight", (kv, hidden))
@@ -113,7 +121,7 @@ def tiny_llama_gguf(path: Path, *, hidden: int = 32, ffn: int = 64, types: dict[
     if arch == "qwen2":
         for name, n in (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
             tensor(f"blk.0.{name}.bias", (n,))
-    if arch == "qwen3":
+    if arch in ("qwen3", "gemma3"):
         tensor("blk.0.attn_q_norm.weight", (head,))
         tensor("blk.0.attn_k_norm.weight", (head,))
     tensor("blk.0.attn_output.weight", (hidden, q))
@@ -188,7 +196,7 @@ def llama_as_family(src: Path, dst: Path, arch: str, *, bias_std: float = 0.1, s
         sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(k.replace("llama.", f"{arch}.", 1) if k.startswith("llama.") else k,
                         f.contents(), f.types[0], sub_type=sub)
-    if arch == "qwen3":
+    if arch in ("qwen3", "gemma3"):
         w.add_key_length(head)
         w.add_value_length(head)
     for t in r.tensors:

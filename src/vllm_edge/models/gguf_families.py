@@ -63,7 +63,19 @@ QWEN2 = Family("qwen2", "Qwen2", "Qwen2ForCausalLM", rope_permuted=False, head_k
 QWEN3 = Family("qwen3", "Qwen3", "Qwen3ForCausalLM", rope_permuted=False,
                layer={**_LLAMA_LAYER, **_QK_NORM})
 
-FAMILIES: dict[str, Family] = {f.arch: f for f in (LLAMA, QWEN2, QWEN3)}
+# Gemma 3: four norms a block (around attention and around the MLP), q/k norms, the head size
+# from attention.key_length; norms stored as 1 + w. The embedding scale (sqrt(hidden)), the
+# local/global layer pattern and the local rope base are the model class's and its config's.
+GEMMA3 = Family("gemma3", "Gemma 3", "Gemma3ForCausalLM", rope_permuted=False, norm_plus_one=True, layer={
+    "attn_norm.weight": ("input_layernorm.weight", ("hidden",)),
+    "post_attention_norm.weight": ("post_attention_layernorm.weight", ("hidden",)),
+    "ffn_norm.weight": ("pre_feedforward_layernorm.weight", ("hidden",)),
+    "post_ffw_norm.weight": ("post_feedforward_layernorm.weight", ("hidden",)),
+    **{g: v for g, v in _LLAMA_LAYER.items() if g not in ("attn_norm.weight", "ffn_norm.weight")},
+    **_QK_NORM,
+})
+
+FAMILIES: dict[str, Family] = {f.arch: f for f in (LLAMA, QWEN2, QWEN3, GEMMA3)}
 
 # Tensors outside the blocks, for every family; output.weight is absent when the head is tied.
 GLOBAL = {"token_embd.weight": ("model.embed_tokens.weight", ("hidden", "vocab")),

@@ -33,18 +33,8 @@ KIND = CONVERTER_VERSION.split("/")[0]
 
 # Architectures whose conversion we have checked: the families of gguf_families.
 SUPPORTED_ARCHS = set(gguf_families.FAMILIES)
-# What we found for refused architectures we tried (docs/guide/llama-cpp.md).
-ARCH_FINDINGS = {
-    "gemma3": (
-        "Checked against llama.cpp on gemma-3-270m Q4_K_M: transformers' dequantized weights and "
-        "config agree with llama.cpp on an f32 copy of the file (teacher-forced top-1 1.000, max "
-        "|logit difference| 0.03 over 256 positions that start with <bos>), but "
-        "the tokenizer transformers builds from the GGUF does not add <bos> "
-        "(tokenizer.ggml.add_bos_token is true), and without it the model degenerates "
-        "('The capital of France is France. The The The ...'). The file also has no chat template. "
-        "Until the tokenizer is fixed and verified, gemma3 is refused."
-    ),
-}
+# What we found for refused architectures we tried, quoted when one is refused.
+ARCH_FINDINGS: dict[str, str] = {}
 GGUF_MAGIC = b"GGUF"
 # GGUF metadata value types (gguf.GGUFValueType) of a fixed size; 8 is a string, 9 an array.
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
@@ -318,14 +308,13 @@ def import_gguf(src: str | os.PathLike, out: str | os.PathLike, *, force: bool =
 def _convert(src: Path, out: Path, info: GgufInfo, source_sha: str, *, force: bool,
              progress: bool) -> Path:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     steps = ["tokenizer", "weights (dequantize)", "save"]
     bar = _progress(len(steps), f"import {src.name}", progress)
     with atomic.directory(out, kind=KIND, inputs=[src], force=force) as tmp:
         bar.set_postfix_str(steps[0])
-        with _read_by_transformers(src, "tokenizer"):
-            tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+        tok = read_tokenizer(src, info)
         bar.update(1)
         bar.set_postfix_str(steps[1])
         fam = gguf_families.FAMILIES[info.architecture]
@@ -344,8 +333,7 @@ def _convert(src: Path, out: Path, info: GgufInfo, source_sha: str, *, force: bo
         model.config.torch_dtype = torch.bfloat16
         model.save_pretrained(str(tmp), safe_serialization=True)
         tok.save_pretrained(str(tmp))
-        if getattr(tok, "chat_template", None) is None:
-            raise GgufImportError(f"{src}: the GGUF carries no chat template (tokenizer.chat_template)")
+        check_chat_template(src, info, tok, GgufImportError)
         manifest.write(
             tmp,
             {
@@ -375,7 +363,42 @@ def read_config(src: Path, info: GgufInfo) -> Any:
         if fam.head_key:
             config.head_dim = head_size(info, fam)
         config.architectures = [fam.hf_class]
+    if fam is gguf_families.GEMMA3:
+        # the attention scale llama.cpp uses: 1/sqrt(head size), but 1/sqrt(hidden / heads) for
+        # the 62-layer 27B; transformers' config would keep its default of 256
+        meta = info.metadata
+        config.query_pre_attn_scalar = (meta["gemma3.embedding_length"] // meta["gemma3.attention.head_count"]
+                                        if meta["gemma3.block_count"] == 62 else config.head_dim)
     return config
+
+
+def read_tokenizer(src: Path, info: GgufInfo) -> Any:
+    """transformers' tokenizer from the GGUF metadata. For the families after Llama, it adds
+    <bos> when the file says so (tokenizer.ggml.add_bos_token): transformers' builder ignores
+    the key, and Gemma without its <bos> degenerates. The setting is saved with the tokenizer,
+    so vLLM prepends it too."""
+    from transformers import AutoTokenizer
+
+    with _read_by_transformers(src, "tokenizer"):
+        tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    add_bos = info.metadata.get("tokenizer.ggml.add_bos_token")
+    if info.architecture != "llama" and isinstance(add_bos, bool):
+        if add_bos and tok.bos_token is None:
+            raise GgufImportError(f"{src}: tokenizer.ggml.add_bos_token is true but the file names "
+                                  "no BOS token (tokenizer.ggml.bos_token_id)")
+        tok.add_bos_token = add_bos
+    return tok
+
+
+def check_chat_template(src: Path, info: GgufInfo, tok: Any, error: type[GgufImportError]) -> None:
+    """Llama files must carry a chat template; the other families may be base models without
+    one (they then serve completions, not chat), which is logged."""
+    if getattr(tok, "chat_template", None) is not None:
+        return
+    if info.architecture == "llama":
+        raise error(f"{src}: the GGUF carries no chat template (tokenizer.chat_template)")
+    logger.warning("%s: no chat template (tokenizer.chat_template): a base model; it serves "
+                   "completions, and chat needs a template of your own", src)
 
 
 @contextlib.contextmanager

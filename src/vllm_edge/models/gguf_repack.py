@@ -137,13 +137,11 @@ def wanted(source_sha256: str, *, requantize: bool = True, keep_embedding: bool 
 
 def _read_config(src: Path, info) -> tuple[Any, Any, Any]:
     """transformers' config, generation config and tokenizer from the GGUF metadata."""
-    from transformers import AutoTokenizer, GenerationConfig
+    from transformers import GenerationConfig
 
-    with gguf_import._read_by_transformers(src, "tokenizer"):
-        tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    tok = gguf_import.read_tokenizer(src, info)
     config = gguf_import.read_config(src, info)
-    if getattr(tok, "chat_template", None) is None:
-        raise GgufRepackError(f"{src}: the GGUF carries no chat template (tokenizer.chat_template)")
+    gguf_import.check_chat_template(src, info, tok, GgufRepackError)
     return config, GenerationConfig.from_model_config(config), tok
 
 

@@ -213,3 +213,14 @@ def test_a_base_model_without_chat_template_imports_but_a_llama_one_does_not(tmp
     with pytest.raises(GgufImportError, match=r"l\.gguf: the GGUF carries no chat template"):
         import_gguf(llama, tmp_path / "l", progress=False)
     assert no_partial_output(tmp_path / "l")
+
+
+def test_the_models_guide_lists_the_families():
+    """One list: the guide's table has a row per family, in the registry's order, and no other."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "guide" / "models.md").read_text()
+    table = text.split("<!-- gguf-families")[1].split("<!-- /gguf-families -->")[0]
+    rows = re.findall(r"^\| `([\w.-]+)` \| `(\w+)` \|", table, re.M)
+    assert rows == [(f.arch, f.hf_class) for f in gguf_families.FAMILIES.values()]

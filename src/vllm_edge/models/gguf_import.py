@@ -23,6 +23,7 @@ from typing import Any, Iterator, NamedTuple
 
 from vllm_edge.common import atomic, manifest
 from vllm_edge.common.errors import EdgeError
+from vllm_edge.models import gguf_families
 
 logger = logging.getLogger("vllm_edge.models")
 
@@ -30,21 +31,9 @@ logger = logging.getLogger("vllm_edge.models")
 CONVERTER_VERSION = "gguf-import/1"
 KIND = CONVERTER_VERSION.split("/")[0]
 
-# Architectures whose conversion we have checked. transformers mis-converts
-# others (gemma3 gives degenerate text where llama.cpp is correct: docs/guide/llama-cpp.md, "Gemma 3 270M").
-SUPPORTED_ARCHS = {"llama"}
-# What we found for refused architectures we tried (docs/guide/llama-cpp.md).
-ARCH_FINDINGS = {
-    "gemma3": (
-        "Checked against llama.cpp on gemma-3-270m Q4_K_M: transformers' dequantized weights and "
-        "config agree with llama.cpp on an f32 copy of the file (teacher-forced top-1 1.000, max "
-        "|logit difference| 0.03 over 256 positions that start with <bos>), but "
-        "the tokenizer transformers builds from the GGUF does not add <bos> "
-        "(tokenizer.ggml.add_bos_token is true), and without it the model degenerates "
-        "('The capital of France is France. The The The ...'). The file also has no chat template. "
-        "Until the tokenizer is fixed and verified, gemma3 is refused."
-    ),
-}
+# The architectures we take are gguf_families.FAMILIES (one list for import, repack and docs).
+# What we found for refused architectures we tried, quoted when one is refused.
+ARCH_FINDINGS: dict[str, str] = {}
 GGUF_MAGIC = b"GGUF"
 # GGUF metadata value types (gguf.GGUFValueType) of a fixed size; 8 is a string, 9 an array.
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
@@ -246,22 +235,31 @@ def _check_tokenizer(info: GgufInfo) -> None:
                                   f"(the vocabulary has {len(tokens)} tokens)")
 
 
-# Each llama tensor's shape in GGUF order, from the hyperparameters (see _check_llama).
-_LLAMA_LAYER = {"attn_norm": ("hidden",), "ffn_norm": ("hidden",), "attn_q": ("hidden", "q"),
-                "attn_k": ("hidden", "kv"), "attn_v": ("hidden", "kv"), "attn_output": ("q", "hidden"),
-                "ffn_gate": ("hidden", "ffn"), "ffn_up": ("hidden", "ffn"), "ffn_down": ("ffn", "hidden")}
-
-
 def _check_llama(info: GgufInfo) -> None:
+    """:func:`check_header` for a llama file."""
+    check_header(info, gguf_families.LLAMA)
+
+
+def head_size(info: GgufInfo, fam: gguf_families.Family) -> int:
+    """The attention head size the family's HF class will use (metadata checked by check_header)."""
+    meta, arch = info.metadata, fam.arch
+    heads = meta[f"{arch}.attention.head_count"]
+    hidden = meta[f"{arch}.embedding_length"]
+    return meta.get(f"{arch}.{fam.head_key}", hidden // heads) if fam.head_key else hidden // heads
+
+
+def check_header(info: GgufInfo, fam: gguf_families.Family) -> None:
     """The hyperparameters transformers builds the model from agree with the tensors it then
     loads: a corrupt count (a layer count of 2**32) would have it allocate without end, and a
-    missing or renamed tensor would leave a layer at its random initial values."""
-    path, meta, tensors = info.path, info.metadata, info.tensors
+    missing or renamed tensor would leave a layer at its random initial values. Each tensor's
+    shape follows from the hyperparameters (the family's table); a tensor the family does not
+    know is refused rather than dropped."""
+    path, meta, tensors, arch = info.path, info.metadata, info.tensors, fam.arch
 
     def count(key: str, default: int | None = None) -> int:
-        v = meta.get(f"llama.{key}", default)
+        v = meta.get(f"{arch}.{key}", default)
         if type(v) is not int or v < 1:
-            raise GgufImportError(f"{path}: metadata llama.{key}={v!r}; expected a positive integer")
+            raise GgufImportError(f"{path}: metadata {arch}.{key}={v!r}; expected a positive integer")
         return v
 
     layers, hidden, ffn = count("block_count"), count("embedding_length"), count("feed_forward_length")
@@ -269,50 +267,63 @@ def _check_llama(info: GgufInfo) -> None:
     kv_heads = count("attention.head_count_kv", heads)
     count("context_length")
     if hidden % heads or heads % kv_heads:
-        raise GgufImportError(f"{path}: metadata llama.embedding_length={hidden}, attention.head_count="
+        raise GgufImportError(f"{path}: metadata {arch}.embedding_length={hidden}, attention.head_count="
                               f"{heads}, attention.head_count_kv={kv_heads}: the heads must divide the "
                               "width, and the KV heads the heads")
-    head_dim = count("rope.dimension_count", hidden // heads)
+    head_dim = count(fam.head_key, hidden // heads) if fam.head_key else hidden // heads
     found = {int(m[1]) for name in tensors if (m := re.match(r"blk\.(\d+)\.", name))}
     if len(found) != layers or max(found, default=-1) != layers - 1:  # blocks 0 .. layers-1
-        raise GgufImportError(f"{path}: metadata llama.block_count={layers}, but the file has tensors "
+        raise GgufImportError(f"{path}: metadata {arch}.block_count={layers}, but the file has tensors "
                               f"for layers {sorted(found)[:8]}{' ...' if len(found) > 8 else ''}")
-    sizes = {"hidden": hidden, "ffn": ffn, "q": heads * head_dim, "kv": kv_heads * head_dim}
     embd = tensors.get("token_embd.weight")
     vocab = embd.dims[-1] if embd else 0
-    want = {"token_embd.weight": (hidden, vocab), "output_norm.weight": (hidden,)}
-    if "output.weight" in tensors:
-        want["output.weight"] = (hidden, vocab)
+    sizes = {"hidden": hidden, "ffn": ffn, "q": heads * head_dim, "kv": kv_heads * head_dim,
+             "head": head_dim, "vocab": vocab}
+    want = {g: tuple(sizes[d] for d in dims) for g, (_, dims) in gguf_families.GLOBAL.items()
+            if g != "output.weight" or g in tensors}
     for i in range(layers):
-        want.update({f"blk.{i}.{t}.weight": tuple(sizes[d] for d in dims)
-                     for t, dims in _LLAMA_LAYER.items()})
+        want.update({f"blk.{i}.{t}": tuple(sizes[d] for d in dims) for t, (_, dims) in fam.layer.items()})
     for name, shape in want.items():
         if name not in tensors:
             raise GgufImportError(f"{path}: missing tensor {name}")
         if tensors[name].dims != shape:
             raise GgufImportError(
                 f"{path}: tensor {name} has shape {list(tensors[name].dims)}, but the metadata makes "
-                f"it {list(shape)} (llama.embedding_length={hidden}, feed_forward_length={ffn}, "
+                f"it {list(shape)} ({arch}.embedding_length={hidden}, feed_forward_length={ffn}, "
                 f"attention.head_count={heads}, attention.head_count_kv={kv_heads}, head size {head_dim})")
-    if meta.get("llama.vocab_size", vocab) != vocab:
-        raise GgufImportError(f"{path}: metadata llama.vocab_size={meta['llama.vocab_size']!r}, but "
+    if meta.get(f"{arch}.vocab_size", vocab) != vocab:
+        raise GgufImportError(f"{path}: metadata {arch}.vocab_size={meta[f'{arch}.vocab_size']!r}, but "
                               f"token_embd.weight has {vocab} rows")
+    if fam is not gguf_families.LLAMA:  # llama files keep what they did (rope_freqs is ignored)
+        extra = sorted(set(tensors) - set(want))
+        if extra:
+            raise GgufImportError(f"{path}: tensor {extra[0]} has no place in a {fam.title} "
+                                  f"checkpoint ({len(extra)} such tensors)")
+        scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+        if scaling != "none":
+            raise GgufImportError(f"{path}: metadata {arch}.rope.scaling.type={scaling!r}: rope "
+                                  "scaling is not supported for this architecture yet")
+
+
+def check_architecture(info: GgufInfo, error: type[GgufImportError] | None = None) -> gguf_families.Family:
+    """The family of the file, or an error naming the architecture and the ones we take."""
+    fam = gguf_families.family(info.architecture)
+    if fam is None:
+        raise (error or GgufImportError)(
+            f"{info.path}: unsupported architecture {info.architecture!r} "
+            f"(supported: {gguf_families.supported()}). Other architectures are not verified "
+            "against llama.cpp. " + ARCH_FINDINGS.get(info.architecture, "")
+        )
+    return fam
 
 
 def import_gguf(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, progress: bool = True) -> Path:
     """Convert ``src`` (GGUF) into a bf16 safetensors model directory ``out``."""
     src, out = Path(src).resolve(), Path(out).expanduser().resolve()
     info = inspect_gguf(src)
-    if info.architecture not in SUPPORTED_ARCHS:
-        raise GgufImportError(
-            f"{src}: unsupported architecture {info.architecture!r} "
-            f"(supported: {', '.join(sorted(SUPPORTED_ARCHS))}). transformers' conversion of "
-            "other architectures is not verified against llama.cpp, and for gemma3 it is known "
-            "to produce a wrong model. " + ARCH_FINDINGS.get(info.architecture, "")
-        )
+    fam = check_architecture(info)
     _check_tokenizer(info)
-    if info.architecture == "llama":
-        _check_llama(info)
+    check_header(info, fam)
     atomic.check_destination(out, kind=KIND, inputs=[src], force=force)
     source_sha = sha256_file(src)
     return atomic.build_once(out, {"source_sha256": source_sha, "converter": CONVERTER_VERSION},
@@ -324,19 +335,21 @@ def import_gguf(src: str | os.PathLike, out: str | os.PathLike, *, force: bool =
 def _convert(src: Path, out: Path, info: GgufInfo, source_sha: str, *, force: bool,
              progress: bool) -> Path:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     steps = ["tokenizer", "weights (dequantize)", "save"]
     bar = _progress(len(steps), f"import {src.name}", progress)
     with atomic.directory(out, kind=KIND, inputs=[src], force=force) as tmp:
         bar.set_postfix_str(steps[0])
-        with _read_by_transformers(src, "tokenizer"):
-            tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+        tok = read_tokenizer(src, info)
         bar.update(1)
         bar.set_postfix_str(steps[1])
+        fam = gguf_families.FAMILIES[info.architecture]
+        # llama files load as they always did; the others with the config read_config fixes
+        extra = {} if fam is gguf_families.LLAMA else {"config": read_config(src, info)}
         with _read_by_transformers(src, "weights"):
             model = AutoModelForCausalLM.from_pretrained(
-                str(src.parent), gguf_file=src.name, dtype=torch.bfloat16
+                str(src.parent), gguf_file=src.name, dtype=torch.bfloat16, **extra
             )
         bar.update(1)
         bar.set_postfix_str(steps[2])
@@ -347,8 +360,7 @@ def _convert(src: Path, out: Path, info: GgufInfo, source_sha: str, *, force: bo
         model.config.torch_dtype = torch.bfloat16
         model.save_pretrained(str(tmp), safe_serialization=True)
         tok.save_pretrained(str(tmp))
-        if getattr(tok, "chat_template", None) is None:
-            raise GgufImportError(f"{src}: the GGUF carries no chat template (tokenizer.chat_template)")
+        check_chat_template(src, info, tok, GgufImportError)
         manifest.write(
             tmp,
             {
@@ -363,6 +375,57 @@ def _convert(src: Path, out: Path, info: GgufInfo, source_sha: str, *, force: bo
         bar.update(1)
     bar.close()
     return out
+
+
+def read_config(src: Path, info: GgufInfo) -> Any:
+    """transformers' config from the GGUF metadata, with what its reading misses for the family:
+    the head size (Qwen3's config class defaults to 128 when the metadata is not mapped) and the
+    HF class."""
+    from transformers import AutoConfig
+
+    with _read_by_transformers(src, "config"):
+        config = AutoConfig.from_pretrained(str(src.parent), gguf_file=src.name)
+    fam = gguf_families.FAMILIES[info.architecture]
+    if fam is not gguf_families.LLAMA:
+        if fam.head_key:
+            config.head_dim = head_size(info, fam)
+        config.architectures = [fam.hf_class]
+    if fam is gguf_families.GEMMA3:
+        # the attention scale llama.cpp uses: 1/sqrt(head size), but 1/sqrt(hidden / heads) for
+        # the 62-layer 27B; transformers' config would keep its default of 256
+        meta = info.metadata
+        config.query_pre_attn_scalar = (meta["gemma3.embedding_length"] // meta["gemma3.attention.head_count"]
+                                        if meta["gemma3.block_count"] == 62 else config.head_dim)
+    return config
+
+
+def read_tokenizer(src: Path, info: GgufInfo) -> Any:
+    """transformers' tokenizer from the GGUF metadata. For the families after Llama, it adds
+    <bos> when the file says so (tokenizer.ggml.add_bos_token): transformers' builder ignores
+    the key, and Gemma without its <bos> degenerates. The setting is saved with the tokenizer,
+    so vLLM prepends it too."""
+    from transformers import AutoTokenizer
+
+    with _read_by_transformers(src, "tokenizer"):
+        tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    add_bos = info.metadata.get("tokenizer.ggml.add_bos_token")
+    if info.architecture != "llama" and isinstance(add_bos, bool):
+        if add_bos and tok.bos_token is None:
+            raise GgufImportError(f"{src}: tokenizer.ggml.add_bos_token is true but the file names "
+                                  "no BOS token (tokenizer.ggml.bos_token_id)")
+        tok.add_bos_token = add_bos
+    return tok
+
+
+def check_chat_template(src: Path, info: GgufInfo, tok: Any, error: type[GgufImportError]) -> None:
+    """Llama files must carry a chat template; the other families may be base models without
+    one (they then serve completions, not chat), which is logged."""
+    if getattr(tok, "chat_template", None) is not None:
+        return
+    if info.architecture == "llama":
+        raise error(f"{src}: the GGUF carries no chat template (tokenizer.chat_template)")
+    logger.warning("%s: no chat template (tokenizer.chat_template): a base model; it serves "
+                   "completions, and chat needs a template of your own", src)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""GGUF (Llama) -> a ``cpu_int4`` g32 checkpoint, with 4-bit tensors repacked, not requantized.
+"""GGUF (the families of :mod:`.gguf_families`) -> a ``cpu_int4`` g32 checkpoint, with 4-bit tensors repacked, not requantized.
 
 Every 2-D weight takes one route, recorded per tensor in ``repack_report.json``:
 
@@ -13,7 +13,8 @@ Every 2-D weight takes one route, recorded per tensor in ``repack_report.json``:
   embedding with ``keep_embedding``). vLLM fuses q/k/v and gate/up into one layer with one
   method, so a bf16 tensor takes its fused siblings to bf16 too.
 
-Norms are written in bf16. The config and tokenizer come from transformers' reading of the
+Norms and biases are written in bf16 (Gemma's norms less the 1 its GGUF adds). The q/k rows
+are put back in HF order for the families whose rope llama.cpp's convert permuted (Llama). The config and tokenizer come from transformers' reading of the
 GGUF metadata (no weights), as in :mod:`.gguf_import`; the header is validated there first
 by our own bounded reader.
 """
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_edge.common import atomic, manifest
-from vllm_edge.models import gguf_import
+from vllm_edge.models import gguf_families, gguf_import
 from vllm_edge.models.gguf_import import GgufImportError
 from vllm_edge.quant.formats import cpu_int4
 
@@ -41,12 +42,7 @@ KIND = CONVERTER_VERSION.split("/")[0]
 REPORT_NAME = "repack_report.json"
 GROUP = 32
 
-_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-           "output.weight": "lm_head.weight"}
-_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-          "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-          "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-          "ffn_down": "mlp.down_proj"}
+_GLOBAL = {g: hf for g, (hf, _) in gguf_families.GLOBAL.items()}
 # vLLM loads these into one layer each (qkv_proj, gate_up_proj): one method for the group
 _FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -55,16 +51,17 @@ class GgufRepackError(GgufImportError):
     """A GGUF that cannot be repacked; the message names the file and tensor."""
 
 
-def hf_name(path: Path, gguf_name: str) -> str:
-    """The Hugging Face Llama name of a GGUF tensor."""
+def hf_name(path: Path, gguf_name: str, fam: gguf_families.Family = gguf_families.LLAMA) -> str:
+    """The Hugging Face name of a GGUF tensor, in a checkpoint of family ``fam``."""
     if gguf_name in _GLOBAL:
         return _GLOBAL[gguf_name]
-    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", gguf_name)
-    if m and m[2] in _LAYER:
-        return f"model.layers.{m[1]}.{_LAYER[m[2]]}.weight"
-    raise GgufRepackError(f"{path}: tensor {gguf_name} has no place in a Llama checkpoint "
-                          "(the repack knows the tensors of a plain Llama; rope scaling tensors "
-                          "are not supported)")
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+\.(?:weight|bias))", gguf_name)
+    layer = fam.layer_names()
+    if m and m[2] in layer:
+        return f"model.layers.{m[1]}.{layer[m[2]]}"
+    raise GgufRepackError(f"{path}: tensor {gguf_name} has no place in a {fam.title} checkpoint "
+                          f"(the repack knows the tensors of a plain {fam.title}; rope scaling "
+                          "tensors are not supported)")
 
 
 def rope_rows(rows: int, n_head: int):
@@ -122,11 +119,9 @@ def repack_gguf(src: str | os.PathLike, out: str | os.PathLike, *, requantize: b
     a no-op; an existing ``out`` that is not a repack is refused unless ``force``."""
     src, out = Path(src).resolve(), Path(out).expanduser().resolve()
     info = gguf_import.inspect_gguf(src)
-    if info.architecture != "llama":
-        raise GgufRepackError(f"{src}: unsupported architecture {info.architecture!r}; the repack "
-                              "writes Llama checkpoints only")
+    fam = gguf_import.check_architecture(info, GgufRepackError)
     gguf_import._check_tokenizer(info)
-    gguf_import._check_llama(info)
+    gguf_import.check_header(info, fam)
     atomic.check_destination(out, kind=KIND, inputs=[src], force=force)
     want = wanted(gguf_import.sha256_file(src), requantize=requantize, keep_embedding=keep_embedding)
     return atomic.build_once(out, want, lambda: _write(src, out, info, want, force=force, progress=progress),
@@ -140,16 +135,13 @@ def wanted(source_sha256: str, *, requantize: bool = True, keep_embedding: bool 
             "group_size": GROUP, "requantize": requantize, "keep_embedding": keep_embedding}
 
 
-def _read_config(src: Path) -> tuple[Any, Any, Any]:
+def _read_config(src: Path, info) -> tuple[Any, Any, Any]:
     """transformers' config, generation config and tokenizer from the GGUF metadata."""
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers import GenerationConfig
 
-    with gguf_import._read_by_transformers(src, "tokenizer"):
-        tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
-    with gguf_import._read_by_transformers(src, "config"):
-        config = AutoConfig.from_pretrained(str(src.parent), gguf_file=src.name)
-    if getattr(tok, "chat_template", None) is None:
-        raise GgufRepackError(f"{src}: the GGUF carries no chat template (tokenizer.chat_template)")
+    tok = gguf_import.read_tokenizer(src, info)
+    config = gguf_import.read_config(src, info)
+    gguf_import.check_chat_template(src, info, tok, GgufRepackError)
     return config, GenerationConfig.from_model_config(config), tok
 
 
@@ -165,18 +157,20 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
     from vllm_edge.quant.quantize import mean_bits_per_weight, snr_db
 
     started = time.time()
-    config, gen_config, tok = _read_config(src)
+    config, gen_config, tok = _read_config(src, info)
+    fam = gguf_families.FAMILIES[info.architecture]
     meta = info.metadata
-    heads = meta["llama.attention.head_count"]
-    kv_heads = meta.get("llama.attention.head_count_kv", heads)
+    heads = meta[f"{fam.arch}.attention.head_count"]
+    kv_heads = meta.get(f"{fam.arch}.attention.head_count_kv", heads)
     tied = "output.weight" not in info.tensors
     reader = gguf.GGUFReader(str(src))
     tensors = {t.name: t for t in reader.tensors}
-    names = {g: hf_name(src, g) for g in tensors}
+    names = {g: hf_name(src, g, fam) for g in tensors}
     types = {names[g]: t.tensor_type.name for g, t in tensors.items() if len(t.shape) == 2}
     routes = plan_routes(types, requantize=want["requantize"], keep_embedding=want["keep_embedding"],
                          tied=tied)
-    rows_order = {"self_attn.q_proj": heads, "self_attn.k_proj": kv_heads}
+    # llama.cpp permuted the q/k rows of rope-permuted families only
+    rows_order = {"self_attn.q_proj": heads, "self_attn.k_proj": kv_heads} if fam.rope_permuted else {}
 
     out_tensors: dict[str, torch.Tensor] = {}
     report: list[dict[str, Any]] = []
@@ -184,9 +178,13 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
         name = names[g]
         dims = tuple(int(d) for d in t.shape)  # GGUF order: a row's length first
         n_heads = next((h for key, h in rows_order.items() if f".{key}." in name), None)
-        order = rope_rows(dims[1], n_heads) if n_heads else None
-        if name not in routes:  # norms
+        order = rope_rows(dims[-1], n_heads) if n_heads else None  # a weight's rows, or a bias
+        if name not in routes:  # norms and biases
             w = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), np.float32))
+            if fam.norm_plus_one and name.endswith("norm.weight"):
+                w = w - 1  # in float32, then rounded once, as transformers' reading does
+            if order is not None:
+                w = w[order]
             out_tensors[name] = w.reshape(dims[::-1]).to(torch.bfloat16).contiguous()
             continue
         route, why = routes[name]
@@ -239,7 +237,7 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
                    if r == "bf16" and n != "model.embed_tokens.weight"})
     qcfg = cpu_int4_config(GROUP, quantize_embedding=embed != "bf16", modules_to_not_convert=skip)
     config.quantization_config = qcfg
-    config.architectures = ["LlamaForCausalLM"]
+    config.architectures = [fam.hf_class]
     config.tie_word_embeddings = tied and embed == "bf16"
     config.dtype = torch.bfloat16
 

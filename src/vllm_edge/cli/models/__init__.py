@@ -11,6 +11,7 @@ HELP = "prepare and import models"
 GROUP = True
 SUBCOMMANDS = {name: f"vllm_edge.cli.models.{module}" for name, module in (
     ("prepare", "prepare"), ("import-gguf", "import_gguf"), ("export-gguf", "export_gguf"),
+    ("export-npu", "export_npu"),
     ("repack-gptq", "repack_gptq"), ("synthetic", "synthetic"), ("build-vlm", "build_vlm"),
     ("list", "list_models"), ("rm", "rm"),
 )}

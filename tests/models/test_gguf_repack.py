@@ -196,13 +196,13 @@ def test_a_6_bit_tensor_takes_its_fused_4_bit_siblings_to_cpu_int8_codes_kept(tm
     assert float((got - torch.from_numpy(ref)).abs().max()) <= float(np.abs(ref).max()) * 2 ** -10
 
 
-def test_a_float_tensor_is_quantized_to_cpu_int8(tmp_path):
+def test_a_float_tensor_is_kept_at_its_precision(tmp_path):
     src = tiny(tmp_path / "t.gguf", types={"blk.0.attn_output.weight": None})
     out = repack_gguf(src, tmp_path / "rp", progress=False)
     report = {e["name"]: e for e in json.loads((out / gguf_repack.REPORT_NAME).read_text())["tensors"]}
     e = report["model.layers.0.self_attn.o_proj.weight"]
-    assert e["route"] == "quantize8" and e["gguf_type"] == "F32" and e["snr_db"] > 35
-    assert "model.layers.0.self_attn.o_proj.weight_int8" in weights(out)
+    assert e["route"] == "bf16" and e["gguf_type"] == "F32" and e["bits_per_weight"] == 16
+    assert weights(out)["model.layers.0.self_attn.o_proj.weight"].dtype == torch.bfloat16
 
 
 def test_keep_embedding(tmp_path, tiny_file):

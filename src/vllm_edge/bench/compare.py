@@ -123,7 +123,7 @@ def user_slug(model: str) -> str:
 def builds(model: str = "default", synthetic_1b: bool = False) -> dict[str, Path]:
     """Where each matched build lives (whether or not it exists yet).
 
-    A GGUF file: vLLM runs its bf16 import and its cpu_int4 repack, llama.cpp runs the file
+    A GGUF file: vLLM runs its bf16 import and its repack (the file's own types), llama.cpp runs the file
     itself (``llamacpp-file``) and its own quantizations of our BF16 export of the import. A
     bf16 model folder: as an embedded model, the folder is vLLM's bf16 build."""
     from vllm_edge.models import store

@@ -10,13 +10,13 @@ Every 2-D weight takes one route, recorded per tensor in ``repack_report.json``:
   scale and offset are rounded to fp16 (:mod:`vllm_edge.quant.repack8`, its bound). A 4-bit
   tensor fused with one of these (vLLM runs q/k/v and gate/up as one layer, in one format) is
   carried over with it, its codes kept too, at the smallest group of the layer;
-- ``quantize8``: a float tensor (F16, BF16, F32) is quantized to cpu_int8 g32;
-- ``bf16``: kept as gguf's dequantization rounded to bf16 (``requantize=False``, and the
-  embedding with ``keep_embedding``); a bf16 tensor takes its fused siblings to bf16 too.
+- ``bf16``: a float tensor (F16, BF16, F32) at its precision; gguf's dequantization of a type
+  whose codes are not kept with ``requantize=False``; the embedding with ``keep_embedding``. A
+  bf16 tensor takes its fused siblings to bf16 too.
 
 Each kept tensor is checked against gguf's own dequantization before it is written, and the
-worst ratio to its bound is reported. A type no route keeps (Q2_K, Q3_K, the IQ types, ...)
-is refused by name, unless ``requantize=False`` keeps it bf16.
+worst ratio to its bound is reported. A type whose codes no route keeps (Q2_K, Q3_K, the IQ
+types, ...) is refused by name, unless ``requantize=False`` runs its dequantization in bf16.
 
 Norms and biases are written in bf16 (Gemma's norms less the 1 its GGUF adds). The q/k rows
 are put back in HF order for the families whose rope llama.cpp's convert permuted (Llama). A
@@ -52,7 +52,7 @@ _GLOBAL = {g: hf for g, (hf, _) in gguf_families.GLOBAL.items()}
 # vLLM loads these into one layer each (qkv_proj, gate_up_proj): one method for the group
 _FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 _FLOATS = ("F32", "F16", "BF16")
-_EIGHT = ("repack8", "quantize8")
+_EIGHT = ("repack8",)
 
 
 class GgufRepackError(GgufImportError):
@@ -109,10 +109,11 @@ def plan_routes(types: dict[str, str], *, requantize: bool, keep_embedding: bool
             routes[name] = ("repack", f"{t} codes kept as {cpu_int4.NAME} g32")
         elif t in repack8.FORMATS:
             routes[name] = ("repack8", f"{t} codes kept as {cpu_int8.NAME} g{repack8.BLOCKS[t][2]}")
-        elif not requantize:
-            routes[name] = ("bf16", f"{t} is kept as its bf16 dequantization (requantize=False)")
         elif t in _FLOATS:
-            routes[name] = ("quantize8", f"{t} quantized to {cpu_int8.NAME} g32")
+            routes[name] = ("bf16", f"{t} kept at its precision, in bf16")
+        elif not requantize:
+            routes[name] = ("bf16", f"{t} codes are not kept; its dequantization runs in bf16 "
+                                    "(requantize=False)")
         else:
             refused[name] = t
     if refused:
@@ -121,7 +122,7 @@ def plan_routes(types: dict[str, str], *, requantize: bool, keep_embedding: bool
             f"{path}: tensor {name} is {t}, a type whose codes vllm-edge does not keep "
             f"({len(refused)} tensors: {', '.join(sorted(set(refused.values())))}); kept: "
             f"{', '.join(repack.FORMATS + repack8.FORMATS + _FLOATS)}. Repack with "
-            "--no-requantize to run such tensors in bf16, or use a file of those types.")
+            "--no-requantize to run such tensors in bf16, or use a file of the kept types.")
     for name, (route, why) in list(routes.items()):
         if route != "bf16":
             continue
@@ -189,9 +190,9 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
     from safetensors.torch import save_file
     from tqdm import tqdm
 
-    from vllm_edge.quant import int8, repack, repack8
+    from vllm_edge.quant import repack, repack8
     from vllm_edge.quant.formats.cpu_int4 import quantization_config as cpu_int4_config
-    from vllm_edge.quant.quantize import mean_bits_per_weight, snr_db
+    from vllm_edge.quant.quantize import mean_bits_per_weight
 
     started = time.time()
     config, gen_config, tok = _read_config(src, info)
@@ -248,11 +249,6 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
                 if order is not None:
                     r = r.take_rows(order)
                 parts = r.tensors()
-            elif route == "quantize8":
-                q, scale, zero = int8.quantize(ref_rows.to(torch.bfloat16), groups[name])
-                parts = {"weight_int8": q, "weight_scale": scale, "weight_zero": zero}
-                entry["snr_db"] = round(snr_db(ref_rows, int8.dequantize(q, scale, zero, groups[name])), 3)
-                entry["group"] = groups[name]
             else:
                 out_tensors[name] = ref_rows.to(torch.bfloat16).contiguous()
         except (repack.RepackError, ValueError) as exc:

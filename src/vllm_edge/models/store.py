@@ -155,8 +155,9 @@ def gguf_build_dir(source_sha256: str, scheme: str | None) -> Path:
 
 
 def ensure_gguf(name: str, scheme: str | None = None) -> Path:
-    """The build of a GGUF file an engine loads: the default format repacks it (its 4-bit codes
-    kept, other formats quantized again), ``None`` imports it in bf16. Built once, in a child
+    """The build of a GGUF file an engine loads: the default format repacks it (every tensor's
+    codes kept, 4-bit ones as cpu_int4 and 5- to 8-bit ones as cpu_int8), ``None`` imports it in
+    bf16. Built once, in a child
     process, and cached under ``VLLM_EDGE_HOME`` by the file's sha256 and the converter."""
     from vllm_edge.models import gguf_import, gguf_repack
 

@@ -329,8 +329,8 @@ def test_a_gguf_model_argument_is_repacked_once_and_cached_by_content(tmp_path, 
     monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("VLLM_EDGE_HW_PROFILE", json.dumps({"arch": "x86_64", "isa": ["avx512f"]}))
     path, wpath = weight_path.model_for_engine(str(tiny_file))
-    assert wpath.name == "cpu_int4" and any("repacked" in r for r in wpath.reasons)
-    assert path.parent == tmp_path / "home" / "models" / "gguf" and path.name.endswith("-cpu_int4-g32-repack")
+    assert wpath.name == "cpu_int4" and any("keeps its codes" in r for r in wpath.reasons)
+    assert path.parent == tmp_path / "home" / "models" / "gguf" and path.name.endswith("-repack")
     from vllm_edge.models.gguf_import import sha256_file
 
     assert path.name.startswith(sha256_file(tiny_file)[:16]) and manifest.problem(path) is None

@@ -150,7 +150,8 @@ def is_gguf(name: str) -> bool:
 def gguf_build_dir(source_sha256: str, scheme: str | None) -> Path:
     """Where a GGUF file's build is cached: keyed by its content, not its name or path (the
     manifest names the file it was made from)."""
-    kind = f"{formats.DEFAULT}-g{DEFAULT_GROUP}-repack" if scheme else "bf16"
+    # a repack keeps the file's own types, cpu_int4 and cpu_int8 mixed: named for neither
+    kind = "repack" if scheme else "bf16"
     return envs.home() / "models" / "gguf" / f"{source_sha256[:16]}-{kind}"
 
 

@@ -176,7 +176,7 @@ def host(prov: dict | None) -> str | None:
     parts += [label for flag, label in ISA_TIERS if isa.get(flag)][:1]
     n = len(cores(prov))
     if n:
-        parts.append(f"{n} cores")
+        parts.append(f"{n} core" + ("s" if n > 1 else ""))
     return ", ".join(parts)
 
 

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from vllm_edge.bench import compare
 from vllm_edge.bench.render import (
     Artifact,
     by_host,
@@ -41,6 +42,7 @@ BEGIN = "<!-- report:begin -->"
 END = "<!-- report:end -->"
 DEFAULT_RESULTS = "benchmarks/results"
 DEFAULT_DOC = "docs/results/results.md"
+AUDIT_DOC = "docs/results/README.md"
 PLOT_NAMES = {"speed": "report_speed.png", "memory": "report_memory.png", "fidelity": "report_fidelity.png"}
 
 # The whole of docs/results/results.md: generated only. Reasoning about the figures belongs in
@@ -399,6 +401,118 @@ def grid_sections(results_dir: Path, results_display: str) -> list[str]:
     return lines
 
 
+# The command that regenerates an artifact family whose artifacts predate provenance's
+# ``command``: the family's own command, by its ``benchmark`` (or ``kind``) field.
+FAMILY_COMMANDS = {
+    "speed": "vllm-edge bench speed", "fidelity": "vllm-edge fidelity", "profile": "vllm-edge bench profile",
+    "step": "vllm-edge bench step", "startup": "vllm-edge bench startup", "constrained": "vllm-edge bench constrained",
+    "agent_suite": "vllm-edge agent run --serve", "aot-cache": "vllm-edge bench aot-cache",
+    "bandwidth": "vllm-edge bandwidth", "ledger": "vllm-edge bench ledger",
+    "plugin-import": "vllm-edge bench plugin-import", "rmsnorm_micro": "vllm-edge bench rmsnorm",
+    "sampling_defaults": "vllm-edge bench sampling", "fidelity-reference": "vllm-edge fidelity --save-ref",
+    "security": "python scripts/security_probes.py", "toolcalls": "vllm-edge bench toolcalls",
+    "soak": "vllm-edge bench soak", "init-memory": "vllm-edge bench init-memory",
+    "int4-micro": "vllm-edge bench int4-micro", "npu": "vllm-edge bench npu",
+    "first-token": "vllm-edge bench first-token",
+}
+
+
+# Top-level files from before artifacts named their measurement: their family by file name.
+FILE_FAMILIES = (("cpu_int4_microbench", "int4-micro"), ("init_memory", "init-memory"), ("soak", "soak"),
+                 ("first_token", "first-token"), ("gguf_verify", "gguf-verify"))
+
+
+def _records(path: Path) -> list[dict]:
+    """The JSON objects of an artifact file that carry a provenance."""
+    try:
+        text = path.read_text()
+        objs = [json.loads(text)] if path.suffix == ".json" else \
+            [json.loads(x) for x in text.splitlines() if x.strip()]
+    except (OSError, ValueError):
+        return []
+    return [o for o in objs if isinstance(o, dict) and isinstance(o.get("provenance"), dict)]
+
+
+def _family(rel: Path, data: dict) -> str:
+    """A directory's artifacts are one family (each grid run its own); a top-level file is its
+    measurement's family."""
+    if len(rel.parts) > 1:
+        return "/".join(rel.parts[:2]) if rel.parts[0] == "grid" else rel.parts[0]
+    kind = data.get("benchmark") or data.get("kind") or data.get("bench")
+    if kind:
+        return str(kind)
+    return next((fam for prefix, fam in FILE_FAMILIES if rel.stem.startswith(prefix)), rel.stem)
+
+
+def _command(family: str, data: dict, results_dir: Path, repo: Path) -> str:
+    recorded = (data.get("provenance") or {}).get("command")
+    if recorded:
+        return " ".join(Path(w).name if w.startswith("/") else w for w in str(recorded).split())
+    if family.startswith("grid/") and data.get("name") and (repo / "benchmarks/specs" / f"{data['name']}.json").exists():
+        return f"vllm-edge grid benchmarks/specs/{data['name']}.json"
+    meta = results_dir / family / "compare.json"
+    if meta.exists():
+        return json.loads(meta.read_text()).get("command") or "vllm-edge compare"
+    kind = str(data.get("benchmark") or data.get("kind") or data.get("bench") or family.split("/")[0])
+    return FAMILY_COMMANDS.get(kind) or FAMILY_COMMANDS.get(family.split("/")[0]) or "not recorded"
+
+
+def render_audit(results_dir: str | os.PathLike, doc: str | os.PathLike, repo: str | os.PathLike) -> str:
+    """docs/results/README.md: each artifact family under the results directory, one row per host
+    it was measured on, with its dates, its commits' state and the command that regenerates it
+    (the one its provenance recorded, else the family's)."""
+    rdir, doc_path = Path(results_dir), Path(doc)
+    rows: dict[tuple[str, str], dict] = {}
+    for f in sorted(p for p in rdir.rglob("*") if p.suffix in (".json", ".jsonl") and p.is_file()):
+        rel = f.relative_to(rdir)
+        for data in _records(f):
+            prov = data["provenance"]
+            fam = _family(rel, data)
+            row = rows.setdefault((fam, provenance.host(prov) or "host not recorded"),
+                                  {"files": set(), "dates": set(), "flags": set(), "last": ("", data)})
+            row["files"].add(str(rel))
+            stamp = str(prov.get("timestamp") or "")
+            if stamp:
+                row["dates"].add(stamp[:10])
+            row["flags"].update(provenance.commit_flags(prov))
+            if stamp >= row["last"][0]:
+                row["last"] = (stamp, data)
+    link = os.path.relpath(rdir, doc_path.parent)
+    lines = [f"_Generated by `vllm-edge report` from the provenance of every artifact under "
+             f"[benchmarks/results/]({link}); do not edit by hand._", "",
+             "One row per artifact family and host: where it was measured (the CPU, its widest ISA, the "
+             "cores), when, whether every commit measured is clean, and the command that regenerates it "
+             "(as its provenance recorded it; for artifacts older than that record, the family's command "
+             "with its arguments left to the artifact's `config`).", "",
+             "| family | host | artifacts | dates | commits | regenerate with |", "|---|---|---|---|---|---|"]
+    for (fam, host), row in sorted(rows.items()):
+        dates = sorted(row["dates"])
+        span = "–" if not dates else dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+        cmd = _command(fam, row["last"][1], rdir, Path(repo))
+        lines.append(f"| `{fam}` | {host} | {len(row['files'])} | {span} | "
+                     f"{'; '.join(sorted(row['flags'])) or 'clean'} | `{cmd}` |")
+    return "\n".join(lines) + "\n"
+
+
+AUDIT_NEW = f"""# Audit trail
+
+Generated by `vllm-edge report` from `benchmarks/results/`: do not edit.
+
+{BEGIN}
+{END}
+"""
+
+
+def splice_audit(results_dir: str | os.PathLike, repo: str | os.PathLike) -> Path:
+    path = Path(repo) / AUDIT_DOC
+    old = path.read_text() if path.exists() else AUDIT_NEW
+    new = splice(old, render_audit(results_dir, path, repo), BEGIN, END)
+    if new != old:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(path, new)
+    return path
+
+
 def splice_readme(results_dir: str | os.PathLike, readme: str | os.PathLike) -> bool:
     """Rewrite README's measured region (:data:`claims.HEADLINE`) and, beside it,
     :data:`claims.PAGE` (every claim); False (nothing written) when the README is missing or
@@ -444,5 +558,23 @@ def report(results_dir: str | os.PathLike = DEFAULT_RESULTS, doc: str | os.PathL
     atomic.write_text(doc_path, splice(old, body, BEGIN, END))
     readme_path = Path(readme) if readme else default_readme(rdir)
     spliced = readme_path is not None and splice_readme(rdir, readme_path)
+    pages = []
+    if readme is None and readme_path is not None:
+        # a repository's own results also own its audit trail and its comparisons page, named
+        # relative to the results directory as given, so that no page names a machine path
+        repo = rdir.parent.parent
+        pages.append(str(splice_audit(rdir, repo)))
+        pages += compare_pages(rdir, repo / compare.DEFAULT_DOC)
     return {"doc": str(doc_path), "plots": [str(p) for p in written], "artifacts": len(arts),
-            "skipped": skipped, "readme": str(readme_path) if spliced else None}
+            "skipped": skipped, "readme": str(readme_path) if spliced else None, "pages": pages}
+
+
+def compare_pages(results_dir: Path, doc: Path) -> list[str]:
+    """Redraw docs/results/comparisons.md from each `vllm-edge compare` run under the results
+    (as `vllm-edge compare --render-only` does)."""
+    written = []
+    for name, synthetic_1b in (("compare", False), ("compare_1b", True)):
+        out = results_dir / name
+        if (out / "speed" / "summary.json").exists():
+            written.append(compare.write_doc(out, doc, synthetic_1b=synthetic_1b)["doc"])
+    return sorted(set(written))

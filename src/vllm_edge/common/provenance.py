@@ -113,11 +113,11 @@ def model_fingerprint(path: str | os.PathLike | None) -> dict[str, Any] | None:
 
 def command(argv: list[str] | None = None) -> str:
     """The command line that made this artifact, as a reader would type it again: the program is
-    ``vllm-edge`` when it is our CLI (its entry point or ``python -m vllm_edge.cli``), else its
+    ``vllm-edge`` when it is our CLI (its entry point, or its package run with ``python -m``), else its
     file name, since the path it ran from names a directory on the measuring host."""
     argv = list(sys.argv if argv is None else argv)
     prog = Path(argv[0]).name if argv else "python"
-    if prog == "__main__.py" and "vllm_edge" in Path(argv[0]).parts:  # python -m vllm_edge.cli
+    if prog == "__main__.py" and "vllm_edge" in Path(argv[0]).parts:  # our CLI run with python -m
         prog = "vllm-edge"
     return shlex.join([prog, *argv[1:]])
 

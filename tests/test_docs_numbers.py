@@ -143,6 +143,8 @@ def test_a_headline_naming_no_claim_fails(monkeypatch):
 def test_the_host_comes_from_the_provenance():
     prov = {"cpu": {"model": "Intel(R) Xeon(R) Platinum 8480+"}, "core_set": [0, 1, 2, 3]}
     assert claims._host({"provenance": prov}) == "Intel Xeon Platinum 8480+, 4 cores"
+    prov["cpu"]["isa"] = {"avx2": True, "avx512": True, "avx512_bf16": True, "amx_bf16": True}
+    assert claims._host({"provenance": prov}) == "Intel Xeon Platinum 8480+, AMX-BF16, 4 cores"
     assert claims._host({}) is None
 
 
@@ -187,7 +189,16 @@ def test_comparisons_md_is_generated_only(monkeypatch, no_plots):
 
 
 def test_docs_results_holds_only_generated_files():
-    assert sorted(p.name for p in (DOCS / "results").iterdir()) == ["comparisons.md", "measured.md", "results.md"]
+    assert sorted(p.name for p in (DOCS / "results").iterdir()) == ["README.md", "comparisons.md", "measured.md",
+                                                                     "results.md"]
+
+
+def test_the_audit_trail_matches_the_artifacts():
+    doc = REPO / results_report.AUDIT_DOC
+    want = splice(results_report.AUDIT_NEW, results_report.render_audit(REPO / RESULTS, doc, REPO),
+                  results_report.BEGIN, results_report.END)
+    bad = _diff(doc.read_text(), want.replace(str(REPO / RESULTS), RESULTS))
+    assert not bad, f"{results_report.AUDIT_DOC} differs from the artifacts; run `vllm-edge report`:\n" + "\n".join(bad)
 
 
 # --- the guides' generated tables -------------------------------------------------------
@@ -227,15 +238,45 @@ def test_the_build_of_a_served_weights_directory():
 
 # A measured figure: a rate, a size in MB, a bandwidth, a time in ms or µs, or a ratio like 2.01×
 # or 3.7x (a shape such as 4096×4096 is not one). MiB/GiB are left out: they are settings
-# (limits, budgets), not measurements.
+# (limits, budgets), not measurements. These count wherever they stand, code included.
 MEASURED = re.compile(
     r"\d(?:[\d,.]*\d)?\s?(?:tok/s|tokens/s|MB\b|GB/s|ms\b|µs\b)"
     r"|(?<![\w.])\d+(?:\.\d+)?\s?[×x](?![\w×]|\.\d|\s*\d)"
 )
+# The units a setting shares with a result: seconds, percents, GB, a KL or top-1 value, a count
+# like 10/12. In prose they are results unless SETTING says otherwise.
+PROSE_FIGURE = re.compile(
+    r"\d(?:[\d,.]*\d)?\s?(?:s\b|%|GB\b)"
+    r"|\bKL\b[^|\n]{0,12}?\d*\.\d+"
+    r"|\btop-1\b(?:\s+(?:agreement|of|=|:))?\s*\d"
+    r"|(?<![\w./-])\d+ ?/ ?\d+(?![\w/.-])"
+)
+# What is not a result, and so may be written by hand: code (a command, a flag's value, a formula,
+# a program's printed format) and a value a word marks as chosen rather than measured: a default,
+# a target, a threshold, a budget, a bound (at least/at most, above/below, ≥/≤), a period (every),
+# a tolerance (within), a leading share (the first N%).
+_NUM = r"\d(?:[\d,.]*\d)?(?:\s?(?:s\b|%|GB\b|/\s?\d+))?"
+SETTING = re.compile(
+    r"(?:\bdefaults?(?: to| of)?|\btargets?(?: of)?|\bthreshold(?: of)?|\bat least|\bat most|\bup to|"
+    r"\babove|\bbelow|\bevery|\bwithin|\bfirst|[≤≥<>])\s*" + _NUM
+    + r"|" + _NUM + r"\s+(?:by default|default|budget|timeout|limit|deadline|target)\b"
+)
+FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def _prose(line: str) -> str:
+    return SETTING.sub(" ", re.sub(r"`[^`]*`", " ", line))
 
 
 def measured_figures(text: str) -> list[str]:
-    return [line.strip() for line in text.splitlines() if MEASURED.search(line)]
+    hits, in_code = [], False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            in_code = not in_code
+            continue
+        if MEASURED.search(line) or (not in_code and PROSE_FIGURE.search(_prose(line))):
+            hits.append(line.strip())
+    return hits
 
 
 def _without_generated(text: str) -> str:
@@ -252,21 +293,45 @@ def _hand_written_docs() -> dict[str, str]:
     docs["README.md (outside the measured region)"] = (text[:text.index(claims.BEGIN)]
                                                        + text[text.index(claims.END):])
     docs["CHANGELOG.md"] = CHANGELOG.read_text()
+    for p in sorted((REPO / RESULTS).rglob("*.md")):  # notes beside the artifacts quote none either
+        docs[str(p.relative_to(REPO))] = p.read_text()
     return docs
+
+
+def hand_copied(docs: dict[str, str]) -> dict[str, list[str]]:
+    return {name: hits for name, text in docs.items() if (hits := measured_figures(text))}
 
 
 def test_the_figure_check_can_fail():
     for s in ("tg128 96.7 tok/s", "peak 1372 MB", "2.01× bf16", "tinygemm measured at 3.7x bf16",
-              "takes 458 µs", "13.0 GB/s", "11.8 ms a step", "0.71× Q4_K_M"):
+              "takes 458 µs", "13.0 GB/s", "11.8 ms a step", "0.71× Q4_K_M",
+              "ready in 20.1 s", "throughput swings by about 30%", "RSS went from 0.9 to 2.4 GB",
+              "teacher-forced top-1 0.949", "a KL of 0.0123", "agree on 10/12", "8 / 4 answered",
+              "```\ntg128 96.7 tok/s\n```"):
         assert measured_figures(s), s
     for s in ("a 4096×4096 GEMM", "512x512 image", "20 MiB", "group 32", "x86_64", "`--group 64`",
-              "vocabulary 49152", "1024 rows", "49216 × 576", "4 × 512-token chunks"):
+              "vocabulary 49152", "1024 rows", "49216 × 576", "4 × 512-token chunks",
+              "`--noisy-pct` (10% by default)", "the targets are top-1 at least 0.95 and KL at most 0.02",
+              "RssAnon spread above 5%", "sampled every 2 s", "a 270 s budget", "≥ 14/16 exact",
+              "`bench soak --duration 60`", "```\nPASS (4/4 valid calls, 1.10 s/turn)\n```",
+              "within 60 s", "the first 20% of the duration", "`/v1/models`", "and/or 3/4-inch"):
         assert not measured_figures(s), s
 
 
+def test_a_planted_figure_in_a_real_doc_fails():
+    docs = _hand_written_docs()
+    assert not hand_copied(docs)
+    for name, planted in (("docs/guide/npu.md", "On this host a step took 3.4 s."),
+                          ("docs/design/measurement.md", "The int4 build kept 97.2% top-1."),
+                          ("benchmarks/results/toolcalls/README.md", "| cell | 359/398 valid |")):
+        broken = dict(docs, **{name: docs[name] + "\n" + planted + "\n"})
+        assert hand_copied(broken) == {name: [planted]}, planted
+
+
 def test_no_hand_copied_figures_in_the_docs():
-    found = {name: hits for name, text in _hand_written_docs().items() if (hits := measured_figures(text))}
-    assert not found, ("measured figures copied by hand (name the artifact or docs/results/ instead):\n"
+    found = hand_copied(_hand_written_docs())
+    assert not found, ("measured figures copied by hand (name the artifact or docs/results/ instead; "
+                       "a setting says so: default, target, at most, ...):\n"
                        + "\n".join(f"{n}: {h}" for n, hits in found.items() for h in hits))
 
 

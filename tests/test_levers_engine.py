@@ -35,7 +35,8 @@ def _probe(model_dir, extra_env: dict) -> dict:
 def runs(default_model_dir):
     legacy = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # whole GiB; must lose to the explicit 64 MiB
     return {
-        "patched": _probe(default_model_dir, legacy),
+        # the greedy sampler is off by default; this arm switches it on to carry a real decode
+        "patched": _probe(default_model_dir, {**legacy, "VLLM_EDGE_PATCH_GREEDY_SAMPLER": "1"}),
         "unpatched": _probe(default_model_dir, {**legacy, "VLLM_EDGE_PATCH_KV_BUDGET": "0",
                                                 "VLLM_EDGE_PATCH_ARENA_RELEASE": "0",
                                                 "VLLM_EDGE_PATCH_GREEDY_SAMPLER": "0",

@@ -17,7 +17,8 @@ VOCAB = 1000
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _loaded():
+def _loaded(greedy_sampler_on):
+    # the greedy patch is off by default; these tests are its own, so they switch it on
     patches.load_all()
 
 

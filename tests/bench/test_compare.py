@@ -109,8 +109,11 @@ def test_pair_verdict_follows_direction_and_noise():
     # Overlapping ranges, or a single run, are not a ranking.
     v = compare.pair_verdict("pp512_tps", _s([90, 110, 100], "pp512_tps"), _s([95, 105, 100], "pp512_tps"))
     assert v["verdict"] == stats.NOT_A_RANKING
+    # one pass a side: no ranking, and the pass count said (the pair's own verdict)
     assert compare.pair_verdict("pp512_tps", _s([50], "pp512_tps"), _s([100], "pp512_tps"))["verdict"] \
-        == stats.NOT_A_RANKING
+        == f"{stats.NOT_A_RANKING}; n=1"
+    two = compare.pair_verdict("tg128_tps", _s([50, 51], "tg128_tps"), _s([100, 101], "tg128_tps"))
+    assert two["verdict"] == "llama.cpp ahead; n=2"
     assert compare.pair_verdict("b8_tg_tps", _s([50], "b8_tg_tps"), _s([], "b8_tg_tps"))["ratio"] is None
 
 

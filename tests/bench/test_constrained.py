@@ -132,7 +132,7 @@ def test_the_serve_guide_table_renders_an_artifact(tmp_path):
     text = guide_tables.render_constrained(tmp_path, tmp_path / "docs" / "serve.md")
     line = next(ln for ln in text.splitlines() if "`json_schema`" in ln)
     assert line.startswith("| vllm | cpu_int4 g32 | `json_schema` | 0.900 s | 0.300 s | 0.020 s | 0.010 s | 0.280 s |")
-    assert "| 3/3 (100%) | 0/1 (0%) | auto: xgrammar | [x.json](../constrained/x.json) |" in line
+    assert "| 3/3 (100%) | 0/1 (0%) | auto: xgrammar | unknown commit | [x.json](../constrained/x.json) |" in line
 
 
 def _lrow(mode: str, kind: str, grammar: float | None, valid: bool = True) -> dict:

@@ -32,3 +32,20 @@ def test_metric_line_keeps_speed_key_names():
     assert line["benchmark"] == "speed" and line["engine"] == "llama.cpp"
     assert line["b8_tg_tps"] == 150.0 and "batch" not in line
     assert list(line)[-1] == "out"
+
+
+def test_the_arms_provenance_names_the_llama_cpp_build():
+    # Every llama.cpp arm writes provenance.collect() after loading the library; loading it is
+    # all the build's description needs, no model.
+    need_llama_cpp()
+    import llama_cpp
+
+    from vllm_edge.common import provenance
+
+    block = provenance.collect()["llama_cpp"]
+    assert block["llama_cpp_python"] == llama_cpp.__version__
+    assert block["system_info"] == llama_cpp.llama_print_system_info().decode().strip()
+    cpu = block["features"]["CPU"]
+    assert cpu and all(isinstance(v, (int, str)) for v in cpu.values())
+    assert block["cpu_backends"] and isinstance(block["amx_kernels"], bool)
+    assert "cmake_args" in block and block["cmake_args_source"]

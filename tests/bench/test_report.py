@@ -14,6 +14,11 @@ from vllm_edge.bench.report import results as report  # noqa: E402
 from vllm_edge.common.stats import summarize  # noqa: E402
 
 
+# A host and a committed tree: rows from it carry no audit flag.
+CLEAN = {"cpu": {"model": "AMD EPYC", "isa": {"avx2": True}}, "core_set": [0, 1],
+         "build": {"vllm_edge_git": "0" * 40}, "loadavg": [1.0, 1.0, 1.0]}
+
+
 def _speed(build, pp, tg):
     return {"benchmark": "speed", "build": build, "load_s": 12.5,
             "metrics": {"pp64_tps": summarize(pp, "pp64_tps"), "tg8_tps": summarize(tg, "tg8_tps")},
@@ -145,7 +150,7 @@ def _speed_default(name, quant, tg, bytes_per_token, pct, stamp="2026-11-30T03:0
                                   "kv_bytes": 460_800, "bytes_per_token": bytes_per_token,
                                   "gb_per_s_effective": round(bytes_per_token * summarize(tg, "t_tps")["median"] / 1e9, 3),
                                   "pct_of_ceiling": pct}}
-    art["provenance"] = {"timestamp": stamp}
+    art["provenance"] = {"timestamp": stamp, **CLEAN}
     return art
 
 
@@ -162,6 +167,7 @@ def default_results(tmp_path):
     fid = _fidelity("smollm2-135m-cpu_int4-g64 (bfloat16, compiled)", 0.0312)
     fid["model"] = "/home/u/.cache/vllm-edge/models/smollm2-135m-cpu_int4-g64"
     fid["greedy"].update(exact_matches=5, prompts=12, exact_matches_str="5/12")
+    fid["provenance"] = CLEAN
     (d / "fidelity_default_cpu_int4.json").write_text(json.dumps(fid))
     (d / "bandwidth.json").write_text(json.dumps({
         "benchmark": "bandwidth", "build": "read bandwidth (2 threads)", "cores": [0, 1],

@@ -298,13 +298,17 @@ def pair_verdict(metric: str, vllm: dict, llama: dict) -> dict:
         return {"ratio": None, "verdict": "not measured on both engines"}
     ratio = vllm["median"] / llama["median"] if llama["median"] else None
     r = stats.rank({"vllm": copy.deepcopy(vllm), "llama.cpp": copy.deepcopy(llama)}, metric)
+    # the pair's own verdict (stats.pair_flags), as everywhere a ratio is shown: it also names
+    # fewer than three passes
+    pair = stats.pair_flags(vllm, llama) if all(k in vllm and k in llama for k in ("min", "max")) else []
     if r["direction"] is None:
         verdict = "no direction"
-    elif stats.NOT_A_RANKING in r["flags"]:
+    elif stats.NOT_A_RANKING in r["flags"] or stats.NOT_A_RANKING in pair:
         verdict = stats.NOT_A_RANKING
     else:
         verdict = f"{'vLLM' if r['leader'] == 'vllm' else 'llama.cpp'} ahead"
-    return {"ratio": ratio, "verdict": verdict}
+    extra = [f for f in pair if f != stats.NOT_A_RANKING]
+    return {"ratio": ratio, "verdict": "; ".join([verdict, *extra])}
 
 
 def fmt_ratio(v: dict) -> str:
@@ -347,7 +351,7 @@ def _batch_note(records: list[dict]) -> str | None:
 def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tuple[str, list[Path]]:
     """The generated markdown section and the PNGs written, from ``out_dir``'s grid summaries."""
     from vllm_edge.bench import render as bench_render
-    from vllm_edge.common import stats
+    from vllm_edge.common import provenance, stats
 
     shown = Path(display_dir or out_dir)
     speed_path, fid_path = out_dir / "speed" / "summary.json", out_dir / "fidelity" / "summary.json"
@@ -371,9 +375,11 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
     lines += ["### How this was run", "",
               f"- command: `{run_meta.get('command', 'vllm-edge compare')}`"
               + (f", {run_meta['wall_s'] / 60:.1f} min wall" if run_meta.get("wall_s") else ""),
-              f"- host `{prov.get('host')}`, CPU {((prov.get('cpu') or {}).get('model'))}, cores "
+              f"- host: **{provenance.host(prov) or 'not recorded'}** (every table below), cores "
               f"{speed.get('cores')}, {prov.get('threads')} threads for every arm; load average at the end "
               f"{prov.get('loadavg')}",
+              f"- commit: `{str((prov.get('build') or {}).get('vllm_edge_git') or 'not recorded')[:7]}`"
+              + "".join(f" (**{f}**)" for f in provenance.commit_flags(prov)),
               f"- started {run_meta.get('started')}; phases (s): {run_meta.get('phases')}",
               *([f"- {FILE_ARM} is `{run_meta['builds'][FILE_ARM]}` as given, and vllm-cpu_int4 its "
                  "repack (the same 4-bit codes)"] if FILE_ARM in (run_meta.get("builds") or {}) else []),

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_edge.common import stats
+from vllm_edge.common import errors, provenance, stats
+
+NO_HOST = "host not recorded"
 
 
 @dataclass
@@ -29,6 +31,61 @@ class Artifact:
     @property
     def build(self) -> str:
         return str(self.data.get("build") or Path(self.source.split(":")[0]).stem)
+
+    @property
+    def prov(self) -> dict:
+        return self.data.get("provenance") or {}
+
+    @property
+    def host(self) -> str:
+        return provenance.host(self.prov) or NO_HOST
+
+    @property
+    def grid(self) -> bool:
+        return isinstance(self.data.get("arms"), list)
+
+    def flags(self) -> list[str]:
+        """What a row drawn from this artifact must say about its commit and load."""
+        return provenance.audit_flags(self.prov, grid=self.grid)
+
+
+class MixedHosts(errors.EdgeError, ValueError):
+    """One table, or one ratio, drawn from more than one machine: its figures do not compare."""
+
+
+def one_host(hosts: list[str | None], what: str) -> str:
+    """The one host ``hosts`` name; :class:`MixedHosts` when they name two."""
+    named = sorted({h or NO_HOST for h in hosts})
+    if len(named) > 1:
+        raise MixedHosts(f"{what} mixes hosts: {' and '.join(named)}; give each host its own table")
+    return named[0] if named else NO_HOST
+
+
+def by_host(arts: list[Artifact]) -> list[tuple[str, list[Artifact]]]:
+    """``arts`` split by host, hosts in the order they first appear: one table each."""
+    groups: dict[str, list[Artifact]] = {}
+    for a in arts:
+        groups.setdefault(a.host, []).append(a)
+    return list(groups.items())
+
+
+def host_line(host: str) -> str:
+    """The line that names a table's host, above it."""
+    return f"Host: **{host}**."
+
+
+def host_table(host: str, header: list[str], rows: list[list[Any]], row_hosts: list[str]) -> list[str]:
+    """A table under the line naming its host; refuses a row measured on another host."""
+    one_host([host, *row_hosts], f"the table {header}")
+    return [host_line(host), "", *table(header, rows)]
+
+
+def flag_cell(*groups: list[str] | None) -> str:
+    """A flags cell: every flag once, in order; – when there is none."""
+    out: list[str] = []
+    for g in groups:
+        out += [f for f in g or [] if f not in out]
+    return "; ".join(out) or "–"
 
 
 def load_artifacts(results_dir: str | os.PathLike, display: str | None = None) -> tuple[list[Artifact], list[str]]:

@@ -11,13 +11,14 @@ from vllm_edge.bench.report import results as results_report
 from vllm_edge.cli.args import reported
 
 NAME = "report"
-HELP = ("regenerate docs/results/results.md, docs/results/measured.md, README.md's measured section, its "
-        "plots and the guides' generated tables from benchmarks/results/")
+HELP = ("regenerate docs/results/ (results, measured, comparisons, the audit trail), README.md's measured "
+        "section, its plots and the guides' generated tables from benchmarks/results/")
 DESCRIPTION = ("Reads every *.json and *.jsonl in --results and rewrites the part "
                f"of --doc between {results_report.BEGIN} and {results_report.END}. When --results is a "
                "repository's benchmarks/results, it also rewrites that repository's docs/results/measured.md "
-               "(every claim), README.md's measured section (the headline claims) and the guides' "
-               "generated tables. No engine starts.")
+               "(every claim), docs/results/comparisons.md, docs/results/README.md (the audit trail: "
+               "each artifact family's host, dates and command), README.md's measured section (the "
+               "headline claims) and the guides' generated tables. No engine starts.")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -43,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
               f"{Path(out['readme']).parent / claims.PAGE}")
     for g in out["guides"]:
         print(f"wrote the generated table in {g}")
+    for page in out.get("pages") or []:
+        print(f"wrote {page}")
     for s in out["skipped"]:
         print(f"skipped {s}", file=sys.stderr)
     return 0

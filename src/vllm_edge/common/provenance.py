@@ -6,8 +6,11 @@ import hashlib
 import json
 import os
 import platform
+import re
+import shlex
 import socket
 import subprocess
+import sys
 import time
 from functools import lru_cache
 from importlib import metadata
@@ -108,6 +111,17 @@ def model_fingerprint(path: str | os.PathLike | None) -> dict[str, Any] | None:
     return info
 
 
+def command(argv: list[str] | None = None) -> str:
+    """The command line that made this artifact, as a reader would type it again: the program is
+    ``vllm-edge`` when it is our CLI (its entry point, or its package run with ``python -m``), else its
+    file name, since the path it ran from names a directory on the measuring host."""
+    argv = list(sys.argv if argv is None else argv)
+    prog = Path(argv[0]).name if argv else "python"
+    if prog == "__main__.py" and "vllm_edge" in Path(argv[0]).parts:  # our CLI run with python -m
+        prog = "vllm-edge"
+    return shlex.join([prog, *argv[1:]])
+
+
 def collect(model: str | os.PathLike | None = None, threads: int | None = None, extra: dict | None = None) -> dict:
     from vllm_edge.common.hw import probe_cpu
 
@@ -123,7 +137,78 @@ def collect(model: str | os.PathLike | None = None, threads: int | None = None, 
         "build": build_shas(),
         "env": env_snapshot(),
         "model": model_fingerprint(model),
+        "command": command(),
     }
+    llama_cpp = sys.modules.get("llama_cpp")
+    if llama_cpp is not None:
+        # Every process that loaded llama.cpp measured that build, whichever arm wrote the
+        # artifact; one that never loaded it has no llama.cpp build to name.
+        from vllm_edge.common import llamacpp_build
+
+        try:
+            prov["llama_cpp"] = llamacpp_build.describe(llama_cpp)
+        except Exception as exc:  # a broken record must not lose the measurement it describes
+            prov["llama_cpp"] = {"error": f"{type(exc).__name__}: {exc}"}
     if extra:
         prov.update(extra)
     return prov
+
+
+# --- reading provenance back -------------------------------------------------------------
+
+# The widest instruction set a CPU offers, from its probed ISA flags (common/hw.py), widest
+# first: what decides the kernels a measurement ran, so two hosts that differ here differ.
+ISA_TIERS = (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16"), ("avx512", "AVX-512"),
+             ("avx2", "AVX2"), ("sve", "SVE"), ("i8mm", "I8MM"), ("dotprod", "DOTPROD"), ("neon", "NEON"))
+UNKNOWN_COMMIT = "unknown commit"
+DIRTY_TREE = "dirty tree"
+# A run keeps about one runnable thread per core it is pinned to; a one-minute load average
+# above this many per core means work queued for those cores (another load, or the run's own
+# oversubscription) while it was measured. The grid samples each pass instead (busy_passes).
+BUSY_LOAD_PER_CORE = 1.5
+
+
+def cores(prov: dict | None) -> list[int]:
+    prov = prov or {}
+    return list(prov.get("core_set") or prov.get("target_cores") or [])
+
+
+def host(prov: dict | None) -> str | None:
+    """The machine a provenance names, as the docs show it: CPU model, its widest ISA and how
+    many cores the run had; None when the CPU was not recorded."""
+    prov = prov or {}
+    cpu = prov.get("cpu") or {}
+    model = cpu.get("model")
+    if not model:
+        return None
+    parts = [re.sub(r"\((?:R|TM)\)", "", str(model)).replace("  ", " ").strip()]
+    isa = cpu.get("isa") or {}
+    parts += [label for flag, label in ISA_TIERS if isa.get(flag)][:1]
+    n = len(cores(prov))
+    if n:
+        parts.append(f"{n} core" + ("s" if n > 1 else ""))
+    return ", ".join(parts)
+
+
+def commit_flags(prov: dict | None) -> list[str]:
+    """``dirty tree`` when the code measured had uncommitted changes, ``unknown commit`` when
+    no commit was recorded: either way no commit reproduces the figure."""
+    git = (((prov or {}).get("build") or {}).get("vllm_edge_git") or "").strip()
+    if not git:
+        return [UNKNOWN_COMMIT]
+    return [DIRTY_TREE] if git.endswith("-dirty") else []
+
+
+def busy_flags(prov: dict | None) -> list[str]:
+    """``load avg L on N cores`` when the host's one-minute load average was over
+    :data:`BUSY_LOAD_PER_CORE` per core of the run."""
+    load, n = (prov or {}).get("loadavg"), len(cores(prov))
+    if not load or not n or load[0] <= BUSY_LOAD_PER_CORE * n:
+        return []
+    return [f"busy host (load avg {load[0]:.1f} on {n} cores)"]
+
+
+def audit_flags(prov: dict | None, grid: bool = False) -> list[str]:
+    """Every flag a figure carries for where and from what it was measured: the commit's, and
+    for a one-run artifact the load it ran under (a grid judges each pass itself)."""
+    return commit_flags(prov) + ([] if grid else busy_flags(prov))

@@ -7,7 +7,7 @@ its flags with it). ``per`` makes the figure a ratio of two values, ``minus`` a 
 ``target`` adds a met / not met verdict next to the flags, so no verdict hides its noise.
 
 :func:`render_page` turns the whole table into :data:`PAGE` (docs/results/measured.md), one
-section per claim section, each row with its build, host and artifact; :data:`HEADLINE` picks
+section per claim section and in it one table per host, each row with its build and artifact; :data:`HEADLINE` picks
 the few claims README shows, and :func:`render` turns those into the README region between
 :data:`BEGIN` and :data:`END`. `vllm-edge report` writes both
 (:func:`vllm_edge.bench.report.results.splice_readme`); ``tests/test_docs_numbers.py`` re-renders them and
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_edge.common import stats
+from vllm_edge.bench.render import flag_cell, host_line, one_host
+from vllm_edge.common import provenance, stats
 from vllm_edge.quant.formats.cpu_int4 import NAME as CPU_INT4
 from vllm_edge.quant.formats.gptq import NAME as GPTQ
 from vllm_edge.quant.groups import DEFAULT_GROUP
@@ -329,14 +330,8 @@ def _prov_build(data: dict) -> str:
 
 
 def _host(data: dict) -> str | None:
-    """The machine an artifact ran on, from its provenance: CPU model and how many cores."""
-    prov = data.get("provenance") or {}
-    cpu = (prov.get("cpu") or {}).get("model")
-    cores = prov.get("core_set") or prov.get("target_cores")
-    if not cpu:
-        return None
-    cpu = re.sub(r"\((?:R|TM)\)", "", str(cpu)).replace("  ", " ").strip()
-    return f"{cpu}, {len(cores)} cores" if cores else cpu
+    """The machine an artifact ran on, from its provenance: CPU model, widest ISA, cores."""
+    return provenance.host(data.get("provenance"))
 
 
 @dataclass
@@ -348,41 +343,55 @@ class Figure:
     host: str | None
 
 
+def _n_flags(v: Any) -> list[str]:
+    """``n=N`` for a stats summary of fewer than three passes (a median of two is their mean)."""
+    n = v.get("n") if isinstance(v, dict) else None
+    return [f"n={n}"] if isinstance(n, int) and n < 3 else []
+
+
 def evaluate(claim: Claim, results_dir: Path) -> Figure:
+    """The claim's figure with every flag it carries: its noise (the pair's own verdict for a
+    ratio or difference, ``n=N`` under three passes), a busy host, a dirty or unknown commit, and
+    separate runs. A ratio of two hosts' figures is refused (:class:`MixedHosts`)."""
     data = load(results_dir, claim.artifact)
     raw = _get(data, claim.key, claim.artifact)
     value, flags = _number(raw)
     grid = isinstance(data.get("arms"), list)
     builds = [_arm_build(data, claim.key) if grid else _prov_build(data)]
     hosts = [_host(data)]
+    audit = provenance.audit_flags(data.get("provenance"), grid=grid)
+    flags += [f for f in _n_flags(raw) if f not in flags]
     other = claim.per or claim.minus
     if other:
         o_art = other[0] or claim.artifact
         o_data = data if o_art == claim.artifact else load(results_dir, o_art)
         o_raw = _get(o_data, other[1], o_art)
         o_value, o_flags = _number(o_raw)
-        flags += [f for f in o_flags if f not in flags]
+        flags += [f for f in o_flags + _n_flags(o_raw) if f not in flags]
         if _summary(raw) and _summary(o_raw):
             # a ratio's noise is the pair's own verdict, not what each arm carried in its grid
-            flags = [f for f in flags if f != stats.NOT_A_RANKING]
+            flags = [f for f in flags if f != stats.NOT_A_RANKING and not f.startswith("n=")]
             flags += [f for f in stats.pair_flags(raw, o_raw) if f not in flags]
         o_grid = isinstance(o_data.get("arms"), list)
         builds.append(_arm_build(o_data, other[1]) if o_grid else _prov_build(o_data))
         hosts.append(_host(o_data))
+        one_host(hosts, f"{claim.label!r} ({claim.artifact} against {o_art})")
+        audit += provenance.audit_flags(o_data.get("provenance"), grid=o_grid)
         if o_art != claim.artifact:
             flags.append("separate runs, not interleaved")
         value = value / o_value if claim.per else value - o_value
     if grid and data.get("busy_passes"):
         flags.append(f"busy passes {data['busy_passes']}")
-    flags += [f for f in claim.flags if f not in flags]
+    for f in (*claim.flags, *audit):
+        if f not in flags:
+            flags.append(f)
     text = claim.fmt.format(**value) if isinstance(value, dict) else claim.fmt.format(value)
     if claim.target:
         op, threshold = claim.target
         test, sign = _TARGET_OPS[op]
         text += f" (target {sign} {threshold:g}: {'met' if test(value, threshold) else 'not met'})"
     build = " / ".join(b or "?" for b in builds) if len(set(builds)) > 1 else (builds[0] or "?")
-    host = " / ".join(h or "?" for h in hosts) if len(set(hosts)) > 1 else hosts[0]
-    return Figure(claim, text, flags, build, host)
+    return Figure(claim, text, flags, build, hosts[0])
 
 
 # --- writing -------------------------------------------------------------------
@@ -393,8 +402,10 @@ def slug(heading: str) -> str:
 
 
 FLAGS_LEGEND = ("Flags: `NOISY` spread over the threshold, `NOT A RANKING` inside another arm's spread, "
-                "`single pass`, busy passes, or builds from separate runs: read those figures as "
-                "directions only. Host: the CPU and cores in the artifact's provenance.")
+                "`single pass` or `n=N` (fewer than three passes), busy passes or a busy host, builds "
+                "from separate runs: read those figures as directions only. `dirty tree` or `unknown "
+                "commit`: no commit reproduces the code measured. Each table is one host: the CPU, its "
+                "widest ISA and the cores in the artifacts' provenance.")
 
 
 def _link(rdir: Path, artifact: str, doc: Path) -> str:
@@ -411,11 +422,15 @@ def render_page(results_dir: str | os.PathLike, page: str | os.PathLike) -> str:
     lines = ["_Generated by `vllm-edge report` from the artifacts below (the claims are `CLAIMS` in "
              "`src/vllm_edge/bench/report/claims.py`); do not edit by hand._", "", FLAGS_LEGEND, ""]
     for section, figs in sections.items():
-        lines += [f"## {section}", "", "| figure | value | flags | build | host | artifact |",
-                  "|---|---|---|---|---|---|"]
-        lines += [f"| {f.claim.label} | {f.text} | {'; '.join(f.flags) or '–'} | {f.build} | {f.host or '–'} | "
-                  f"{_link(rdir, f.claim.artifact, page_path)} |" for f in figs]
-        lines.append("")
+        lines += [f"## {section}", ""]
+        hosts: dict[str, list[Figure]] = {}
+        for f in figs:
+            hosts.setdefault(f.host or "host not recorded", []).append(f)
+        for host, rows in hosts.items():  # one table per host, in the order they first appear
+            lines += [host_line(host), "", "| figure | value | flags | build | artifact |", "|---|---|---|---|---|"]
+            lines += [f"| {f.claim.label} | {f.text} | {flag_cell(f.flags)} | {f.build} | "
+                      f"{_link(rdir, f.claim.artifact, page_path)} |" for f in rows]
+            lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -430,7 +445,7 @@ def render(results_dir: str | os.PathLike, readme: str | os.PathLike) -> str:
              "| figure | value | flags | build | host | more |", "|---|---|---|---|---|---|"]
     for c, shown in headline_claims():
         f = evaluate(c, rdir)
-        lines.append(f"| {shown} | {f.text} | {'; '.join(f.flags) or '–'} | {f.build} | {f.host or '–'} | "
+        lines.append(f"| {shown} | {f.text} | {flag_cell(f.flags)} | {f.build} | {f.host or '–'} | "
                      f"[details]({page}#{slug(c.section)}) |")
     return "\n".join(lines) + "\n"
 

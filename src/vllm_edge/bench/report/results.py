@@ -17,9 +17,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+from vllm_edge.bench import compare
 from vllm_edge.bench.render import (
     Artifact,
+    by_host,
+    flag_cell,
     fmt,
+    host_line,
+    host_table,
     load_artifacts,
     plot_fidelity,
     plot_memory,
@@ -29,7 +34,7 @@ from vllm_edge.bench.render import (
     splice,
     table,
 )
-from vllm_edge.common import atomic, stats
+from vllm_edge.common import atomic, provenance, stats
 from vllm_edge.quant.formats.cpu_int4 import NAME as CPU_INT4
 from vllm_edge.quant.formats.gptq import NAME as GPTQ
 
@@ -37,6 +42,7 @@ BEGIN = "<!-- report:begin -->"
 END = "<!-- report:end -->"
 DEFAULT_RESULTS = "benchmarks/results"
 DEFAULT_DOC = "docs/results/results.md"
+AUDIT_DOC = "docs/results/README.md"
 PLOT_NAMES = {"speed": "report_speed.png", "memory": "report_memory.png", "fidelity": "report_fidelity.png"}
 
 # The whole of docs/results/results.md: generated only. Reasoning about the figures belongs in
@@ -102,6 +108,13 @@ def _mb(v: Any) -> str:
     return "–" if v is None else f"{v / 1e6:.1f}"
 
 
+def _n_flags(s: dict) -> list[str]:
+    """``n=N`` under three passes, unless the summary already says it is a single pass."""
+    n = s.get("n")
+    single = any(str(f).startswith("single pass") for f in s.get("flags") or [])
+    return [f"n={n}"] if isinstance(n, int) and 1 < n < 3 and not single else []
+
+
 def _cell(s: dict | None) -> str:
     if not s:
         return "–"
@@ -128,17 +141,26 @@ def _headline(speed: list[Artifact], fid: list[Artifact]) -> list[str]:
         return speed_metrics(a)[k]["median"] if k else float("-inf")
 
     base = max(bf16, key=lambda a: str((a.data.get("provenance") or {}).get("timestamp") or ""))
+    # a ratio compares one machine with itself: the 4-bit builds measured where bf16 was
+    four = [a for a in four if a.host == base.host]
+    if not four:
+        return lines + [f"No 4-bit `bench speed` artifact of the default model on {base.host}, "
+                        "where its bf16 was measured.", ""]
     best = max(four, key=tg)
     mb, mq = speed_metrics(base), speed_metrics(best)
+    audit = [f"{f} ({who})" for who, a in (("bf16", base), ("4-bit", best)) for f in a.flags()]
     rows = []
     for k in [k for k in mb if k in mq]:
         r = stats.rank({"bf16": dict(mb[k], flags=list(mb[k].get("flags") or [])),
                         "4-bit": dict(mq[k], flags=list(mq[k].get("flags") or []))}, k)
         ratio = mq[k]["median"] / mb[k]["median"] if mb[k]["median"] else None
-        verdict = [f"{r['leader']} ahead"] if r.get("leader") else list(r.get("flags") or [])
+        # the ratio's noise is the pair's own verdict (stats.pair_flags), as on every page
+        pair = stats.pair_flags(mb[k], mq[k])
+        verdict = [f"{r['leader']} ahead"] if r.get("leader") and stats.NOT_A_RANKING not in pair else []
+        verdict += pair
         verdict += [f"{f} ({who})" for who, m in (("bf16", mb[k]), ("4-bit", mq[k]))
                     for f in (m.get("flags") or []) if f != stats.NOT_A_RANKING]
-        verdict = "; ".join(verdict) or "–"
+        verdict = flag_cell(verdict, audit)
         rows.append([k, _cell(mb[k]), _cell(mq[k]), None if ratio is None else f"{ratio:.2f}×", verdict])
     tb, tq = base.data.get("traffic") or {}, best.data.get("traffic") or {}
     for k in [k for k in tb if k in tq]:
@@ -147,8 +169,8 @@ def _headline(speed: list[Artifact], fid: list[Artifact]) -> list[str]:
                                    ("pct_of_ceiling", "% of ceiling", _pct)):
             a_, b_ = tb[k].get(field), tq[k].get(field)
             ratio = f"{b_ / a_:.2f}×" if a_ and b_ is not None else None
-            rows.append([f"{k}: {label}", show(a_), show(b_), ratio, "derived"])
-    fb = _fidelity_for(_model_name(best), fid)
+            rows.append([f"{k}: {label}", show(a_), show(b_), ratio, flag_cell(["derived"], audit)])
+    fb = _fidelity_for(_model_name(best), [a for a in fid if a.host == base.host])
     if fb:
         g, t = fb.data.get("greedy") or {}, fb.data["teacher_forced"]
         rows.append(["fidelity vs bf16: greedy exact", "reference", g.get("exact_matches_str"), None,
@@ -162,7 +184,7 @@ def _headline(speed: list[Artifact], fid: list[Artifact]) -> list[str]:
               "`NOT A RANKING` where the ranges overlap or a build has one pass. Separate "
               "`bench speed` runs are not interleaved: on a shared host quote the ratio only "
               "from a quiet-host run.", ""]
-    lines += table(header, rows)
+    lines += [host_line(base.host), ""] + table(header, rows)
     srcs = [base, best] + ([fb] if fb else [])
     lines += ["", source_line(srcs), ""]
     if not fb:
@@ -187,104 +209,126 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
 
     lines += _headline(speed, fid)
 
+    def plot(kind: str, group: list[Artifact], n: int, draw) -> str:
+        """One plot per host: the first host keeps the plain name, the next ones a suffix."""
+        name = PLOT_NAMES[kind] if n == 0 else PLOT_NAMES[kind].replace(".png", f"_host{n + 1}.png")
+        p = plots_dir / name
+        draw(group, p)
+        written.append(p)
+        return img(name)
+
     lines += ["## Speed", ""]
     if speed:
-        rows = []
-        for a in speed:
-            cfg = a.data.get("config") or {}
-            threads = (a.data.get("pinning") or {}).get("threads") or cfg.get("threads")
-            for k, s in speed_metrics(a).items():
-                rows.append([a.build, k, s.get("best"), s["median"], s.get("min"), s.get("max"),
-                             None if s.get("spread_pct") is None else f"{s['spread_pct']:.1f}%",
-                             s.get("n"), threads, "; ".join(s.get("flags") or []) or "–",
-                             f"`{a.source}`"])
-        lines += table(["build", "metric", "best", "median", "min", "max", "spread", "n", "threads",
-                         "flags", "artifact"], rows)
-        lines += ["", source_line(speed), ""]
-        loads = [[a.build, a.data.get("load_s"), f"`{a.source}`"] for a in speed if a.data.get("load_s")]
-        if loads:
-            lines += table(["build", "engine load (s)", "artifact"], loads) + ["", source_line(speed), ""]
+        for n, (host, group) in enumerate(by_host(speed)):
+            rows, hosts = [], []
+            for a in group:
+                cfg = a.data.get("config") or {}
+                threads = (a.data.get("pinning") or {}).get("threads") or cfg.get("threads")
+                for k, s in speed_metrics(a).items():
+                    rows.append([a.build, k, s.get("best"), s["median"], s.get("min"), s.get("max"),
+                                 None if s.get("spread_pct") is None else f"{s['spread_pct']:.1f}%",
+                                 s.get("n"), threads, flag_cell(s.get("flags"), _n_flags(s), a.flags()),
+                                 f"`{a.source}`"])
+                    hosts.append(a.host)
+            lines += host_table(host, ["build", "metric", "best", "median", "min", "max", "spread", "n",
+                                       "threads", "flags", "artifact"], rows, hosts)
+            lines += ["", source_line(group), ""]
+            loads = [[a.build, a.data.get("load_s"), flag_cell(a.flags()), f"`{a.source}`"]
+                     for a in group if a.data.get("load_s")]
+            if loads:
+                lines += host_table(host, ["build", "engine load (s)", "flags", "artifact"], loads,
+                                    [a.host for a in group if a.data.get("load_s")])
+                lines += ["", source_line(group), ""]
+            lines += [f"![speed per build, {host}]({plot('speed', group, n, plot_speed)})", "",
+                      source_line(group), ""]
         if len(speed) > 1:
             lines += ["Builds measured in separate runs are not interleaved: compare them only "
                       "through a `vllm-edge grid` run, and not inside their spreads.", ""]
-        p = plots_dir / PLOT_NAMES["speed"]
-        plot_speed(speed, p)
-        written.append(p)
-        lines += [f"![speed per build]({img(p.name)})", "", source_line(speed), ""]
     else:
         lines += ["No speed artifacts yet (`vllm-edge bench speed --out ...`).", ""]
 
     traffic = [a for a in speed if a.data.get("traffic")]
     if traffic:
-        lines += ["### Bytes per decoded token", ""]
-        rows = []
-        for a in traffic:
-            acc = a.data.get("bytes_per_token") or {}
-            bpw = (acc.get("bits_per_weight") or {}).get("linears_and_head")
-            ceiling = (a.data.get("bandwidth") or {}).get("ceiling_gb_per_s")
-            for k, t in a.data["traffic"].items():
-                rows.append([a.build, k, _mb(t["weight_bytes"]), _mb(t["kv_bytes"]), t["context_tokens"],
-                             _mb(t["bytes_per_token"]), bpw, "yes" if acc.get("head_tied") else "no",
-                             t["gb_per_s_effective"], ceiling, _pct(t.get("pct_of_ceiling")), f"`{a.source}`"])
-        lines += ["Weights at the bytes the engine reads (the head in full, tied or not; one "
+        lines += ["### Bytes per decoded token", "",
+                  "Weights at the bytes the engine reads (the head in full, tied or not; one "
                   "embedding row), plus the KV cache at the mean context of the timed steps; "
                   "see docs/design/measurement.md.", ""]
-        lines += table(["build", "metric", "weights (MB)", "KV (MB)", "context", "bytes/token (MB)",
-                         "bits/weight (linears+head)", "tied head", "GB/s (median)", "ceiling GB/s",
-                         "% of ceiling", "artifact"], rows)
-        lines += ["", source_line(traffic), ""]
+        for host, group in by_host(traffic):
+            rows, hosts = [], []
+            for a in group:
+                acc = a.data.get("bytes_per_token") or {}
+                bpw = (acc.get("bits_per_weight") or {}).get("linears_and_head")
+                ceiling = (a.data.get("bandwidth") or {}).get("ceiling_gb_per_s")
+                for k, t in a.data["traffic"].items():
+                    rows.append([a.build, k, _mb(t["weight_bytes"]), _mb(t["kv_bytes"]), t["context_tokens"],
+                                 _mb(t["bytes_per_token"]), bpw, "yes" if acc.get("head_tied") else "no",
+                                 t["gb_per_s_effective"], ceiling, _pct(t.get("pct_of_ceiling")),
+                                 flag_cell(a.flags()), f"`{a.source}`"])
+                    hosts.append(a.host)
+            lines += host_table(host, ["build", "metric", "weights (MB)", "KV (MB)", "context",
+                                       "bytes/token (MB)", "bits/weight (linears+head)", "tied head",
+                                       "GB/s (median)", "ceiling GB/s", "% of ceiling", "flags", "artifact"],
+                                rows, hosts)
+            lines += ["", source_line(group), ""]
 
     lines += ["## Read bandwidth", ""]
     if bws:
-        rows = []
-        for a in bws:
-            m = a.data["metrics"].get("read_gb_per_s") or {}
-            rows.append([a.build, ",".join(map(str, a.data.get("cores") or [])),
-                         f"{(a.data.get('buffer_bytes') or 0) / 2**20:.0f} MiB",
-                         a.data.get("buffer_over_llc"), a.data.get("ceiling_gb_per_s") or "none (in cache)",
-                         m.get("median"), None if m.get("spread_pct") is None else f"{m['spread_pct']:.1f}%",
-                         m.get("n"), "; ".join(m.get("flags") or []) or "–", f"`{a.source}`"])
-        lines += table(["build", "cores", "buffer", "× LLC", "ceiling GB/s (best)", "median GB/s",
-                         "spread", "n", "flags", "artifact"], rows)
-        lines += ["", source_line(bws), ""]
+        for host, group in by_host(bws):
+            rows = []
+            for a in group:
+                m = a.data["metrics"].get("read_gb_per_s") or {}
+                rows.append([a.build, ",".join(map(str, a.data.get("cores") or [])),
+                             f"{(a.data.get('buffer_bytes') or 0) / 2**20:.0f} MiB",
+                             a.data.get("buffer_over_llc"), a.data.get("ceiling_gb_per_s") or "none (in cache)",
+                             m.get("median"), None if m.get("spread_pct") is None else f"{m['spread_pct']:.1f}%",
+                             m.get("n"), flag_cell(m.get("flags"), _n_flags(m), a.flags()), f"`{a.source}`"])
+            lines += host_table(host, ["build", "cores", "buffer", "× LLC", "ceiling GB/s (best)",
+                                       "median GB/s", "spread", "n", "flags", "artifact"], rows,
+                                [a.host for a in group])
+            lines += ["", source_line(group), ""]
     else:
         lines += ["No bandwidth artifacts yet (`vllm-edge bandwidth`).", ""]
 
     lines += ["## Memory per phase", ""]
     if mem:
-        phases = sorted({p for a in mem for p in a.data["memory_phases"]})
-        rows = [[a.build, *[a.data["memory_phases"].get(p) for p in phases], f"`{a.source}`"] for a in mem]
-        lines += table(["build", *[f"{p} (MB)" for p in phases], "artifact"], rows)
-        lines += ["", "RssAnon summed over the process tree (engine core and workers included).", "",
-                  source_line(mem), ""]
-        p = plots_dir / PLOT_NAMES["memory"]
-        plot_memory(mem, p)
-        written.append(p)
-        lines += [f"![memory per phase]({img(p.name)})", "", source_line(mem), ""]
+        for n, (host, group) in enumerate(by_host(mem)):
+            phases = sorted({p for a in group for p in a.data["memory_phases"]})
+            rows = [[a.build, *[a.data["memory_phases"].get(p) for p in phases], flag_cell(a.flags()),
+                     f"`{a.source}`"] for a in group]
+            lines += host_table(host, ["build", *[f"{p} (MB)" for p in phases], "flags", "artifact"], rows,
+                                [a.host for a in group])
+            lines += ["", "RssAnon summed over the process tree (engine core and workers included).", "",
+                      source_line(group), ""]
+            lines += [f"![memory per phase, {host}]({plot('memory', group, n, plot_memory)})", "",
+                      source_line(group), ""]
     else:
         lines += ["No artifacts with `memory_phases` yet.", ""]
 
     lines += ["## Fidelity", ""]
     if fid:
-        rows = [[a.build, a.data.get("reference_build") or "–",
-                 *[a.data.get(part, {}).get(key) for part, key, _ in FIDELITY_COLS], f"`{a.source}`"]
-                for a in fid]
-        lines += table(["build", "reference", *[c for _, _, c in FIDELITY_COLS], "artifact"], rows)
-        lines += ["", source_line(fid), ""]
-        p = plots_dir / PLOT_NAMES["fidelity"]
-        plot_fidelity(fid, p)
-        written.append(p)
-        lines += [f"![fidelity per build]({img(p.name)})", "", source_line(fid), ""]
+        for n, (host, group) in enumerate(by_host(fid)):
+            rows = [[a.build, a.data.get("reference_build") or "–",
+                     *[a.data.get(part, {}).get(key) for part, key, _ in FIDELITY_COLS], flag_cell(a.flags()),
+                     f"`{a.source}`"] for a in group]
+            lines += host_table(host, ["build", "reference", *[c for _, _, c in FIDELITY_COLS], "flags",
+                                       "artifact"], rows, [a.host for a in group])
+            lines += ["", source_line(group), ""]
+            lines += [f"![fidelity per build, {host}]({plot('fidelity', group, n, plot_fidelity)})", "",
+                      source_line(group), ""]
     else:
         lines += ["No fidelity artifacts yet (`vllm-edge fidelity --ref DIR --out ...`).", ""]
 
     aot = [a for a in arts if a.kind == "aot-cache" and isinstance(a.data.get("summary"), dict)]
     if aot:
         lines += ["## Compile cache (AOT) starts", ""]
-        keys = [k for k in aot[0].data["summary"] if not isinstance(aot[0].data["summary"][k], (dict, list))]
-        rows = [[k, *[a.data["summary"].get(k) for a in aot]] for k in keys]
-        lines += table(["summary", *[f"`{a.source}`" for a in aot], ], rows)
-        lines += ["", source_line(aot), ""]
+        for host, group in by_host(aot):
+            keys = [k for k in group[0].data["summary"]
+                    if not isinstance(group[0].data["summary"][k], (dict, list))]
+            rows = [[k, *[a.data["summary"].get(k) for a in group]] for k in keys]
+            rows.append(["flags", *[flag_cell(a.flags()) for a in group]])
+            lines += host_table(host, ["summary", *[f"`{a.source}`" for a in group]], rows,
+                                [a.host for a in group])
+            lines += ["", source_line(group), ""]
         used |= set(map(id, aot))
 
     lines += grid_sections(Path(results_display), results_display)
@@ -338,9 +382,14 @@ def grid_sections(results_dir: Path, results_display: str) -> list[str]:
         if g.get("description"):
             lines += [_description(g["description"]), ""]
         names = list(metrics)
+        flags: list[str] = []
         rows = [[arm, *[grid_cell(metrics[m]["arms"].get(arm)) for m in names]] for arm in arms]
+        lines += [host_line(provenance.host(g.get("provenance")) or "host not recorded"), ""]
         lines += table(["arm", *names], rows)
-        flags = []
+        few = sorted({s["n"] for m in names for s in metrics[m]["arms"].values()
+                      if isinstance(s, dict) and isinstance(s.get("n"), int) and s["n"] < 3})
+        flags += [f"n={n} in some cells" for n in few]
+        flags += provenance.commit_flags(g.get("provenance"))
         for m in names:
             r = metrics[m].get("ranking") or {}
             tag = "; ".join(r.get("flags") or []) or (f"leader: {r['leader']}" if r.get("leader") else "")
@@ -350,6 +399,118 @@ def grid_sections(results_dir: Path, results_display: str) -> list[str]:
                   + (" (after a warm-up pass)" if g.get("warmup") else "") + ". " + "; ".join(flags), ""]
         lines += [f"Source: `{src}`", ""]
     return lines
+
+
+# The command that regenerates an artifact family whose artifacts predate provenance's
+# ``command``: the family's own command, by its ``benchmark`` (or ``kind``) field.
+FAMILY_COMMANDS = {
+    "speed": "vllm-edge bench speed", "fidelity": "vllm-edge fidelity", "profile": "vllm-edge bench profile",
+    "step": "vllm-edge bench step", "startup": "vllm-edge bench startup", "constrained": "vllm-edge bench constrained",
+    "agent_suite": "vllm-edge agent run --serve", "aot-cache": "vllm-edge bench aot-cache",
+    "bandwidth": "vllm-edge bandwidth", "ledger": "vllm-edge bench ledger",
+    "plugin-import": "vllm-edge bench plugin-import", "rmsnorm_micro": "vllm-edge bench rmsnorm",
+    "sampling_defaults": "vllm-edge bench sampling", "fidelity-reference": "vllm-edge fidelity --save-ref",
+    "security": "python scripts/security_probes.py", "toolcalls": "vllm-edge bench toolcalls",
+    "soak": "vllm-edge bench soak", "init-memory": "vllm-edge bench init-memory",
+    "int4-micro": "vllm-edge bench int4-micro", "npu": "vllm-edge bench npu",
+    "first-token": "vllm-edge bench first-token",
+}
+
+
+# Top-level files from before artifacts named their measurement: their family by file name.
+FILE_FAMILIES = (("cpu_int4_microbench", "int4-micro"), ("init_memory", "init-memory"), ("soak", "soak"),
+                 ("first_token", "first-token"), ("gguf_verify", "gguf-verify"))
+
+
+def _records(path: Path) -> list[dict]:
+    """The JSON objects of an artifact file that carry a provenance."""
+    try:
+        text = path.read_text()
+        objs = [json.loads(text)] if path.suffix == ".json" else \
+            [json.loads(x) for x in text.splitlines() if x.strip()]
+    except (OSError, ValueError):
+        return []
+    return [o for o in objs if isinstance(o, dict) and isinstance(o.get("provenance"), dict)]
+
+
+def _family(rel: Path, data: dict) -> str:
+    """A directory's artifacts are one family (each grid run its own); a top-level file is its
+    measurement's family."""
+    if len(rel.parts) > 1:
+        return "/".join(rel.parts[:2]) if rel.parts[0] == "grid" else rel.parts[0]
+    kind = data.get("benchmark") or data.get("kind") or data.get("bench")
+    if kind:
+        return str(kind)
+    return next((fam for prefix, fam in FILE_FAMILIES if rel.stem.startswith(prefix)), rel.stem)
+
+
+def _command(family: str, data: dict, results_dir: Path, repo: Path) -> str:
+    recorded = (data.get("provenance") or {}).get("command")
+    if recorded:
+        return " ".join(Path(w).name if w.startswith("/") else w for w in str(recorded).split())
+    if family.startswith("grid/") and data.get("name") and (repo / "benchmarks/specs" / f"{data['name']}.json").exists():
+        return f"vllm-edge grid benchmarks/specs/{data['name']}.json"
+    meta = results_dir / family / "compare.json"
+    if meta.exists():
+        return json.loads(meta.read_text()).get("command") or "vllm-edge compare"
+    kind = str(data.get("benchmark") or data.get("kind") or data.get("bench") or family.split("/")[0])
+    return FAMILY_COMMANDS.get(kind) or FAMILY_COMMANDS.get(family.split("/")[0]) or "not recorded"
+
+
+def render_audit(results_dir: str | os.PathLike, doc: str | os.PathLike, repo: str | os.PathLike) -> str:
+    """docs/results/README.md: each artifact family under the results directory, one row per host
+    it was measured on, with its dates, its commits' state and the command that regenerates it
+    (the one its provenance recorded, else the family's)."""
+    rdir, doc_path = Path(results_dir), Path(doc)
+    rows: dict[tuple[str, str], dict] = {}
+    for f in sorted(p for p in rdir.rglob("*") if p.suffix in (".json", ".jsonl") and p.is_file()):
+        rel = f.relative_to(rdir)
+        for data in _records(f):
+            prov = data["provenance"]
+            fam = _family(rel, data)
+            row = rows.setdefault((fam, provenance.host(prov) or "host not recorded"),
+                                  {"files": set(), "dates": set(), "flags": set(), "last": ("", data)})
+            row["files"].add(str(rel))
+            stamp = str(prov.get("timestamp") or "")
+            if stamp:
+                row["dates"].add(stamp[:10])
+            row["flags"].update(provenance.commit_flags(prov))
+            if stamp >= row["last"][0]:
+                row["last"] = (stamp, data)
+    link = os.path.relpath(rdir, doc_path.parent)
+    lines = [f"_Generated by `vllm-edge report` from the provenance of every artifact under "
+             f"[benchmarks/results/]({link}); do not edit by hand._", "",
+             "One row per artifact family and host: where it was measured (the CPU, its widest ISA, the "
+             "cores), when, whether every commit measured is clean, and the command that regenerates it "
+             "(as its provenance recorded it; for artifacts older than that record, the family's command "
+             "with its arguments left to the artifact's `config`).", "",
+             "| family | host | artifacts | dates | commits | regenerate with |", "|---|---|---|---|---|---|"]
+    for (fam, host), row in sorted(rows.items()):
+        dates = sorted(row["dates"])
+        span = "–" if not dates else dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+        cmd = _command(fam, row["last"][1], rdir, Path(repo))
+        lines.append(f"| `{fam}` | {host} | {len(row['files'])} | {span} | "
+                     f"{'; '.join(sorted(row['flags'])) or 'clean'} | `{cmd}` |")
+    return "\n".join(lines) + "\n"
+
+
+AUDIT_NEW = f"""# Audit trail
+
+Generated by `vllm-edge report` from `benchmarks/results/`: do not edit.
+
+{BEGIN}
+{END}
+"""
+
+
+def splice_audit(results_dir: str | os.PathLike, repo: str | os.PathLike) -> Path:
+    path = Path(repo) / AUDIT_DOC
+    old = path.read_text() if path.exists() else AUDIT_NEW
+    new = splice(old, render_audit(results_dir, path, repo), BEGIN, END)
+    if new != old:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(path, new)
+    return path
 
 
 def splice_readme(results_dir: str | os.PathLike, readme: str | os.PathLike) -> bool:
@@ -397,5 +558,23 @@ def report(results_dir: str | os.PathLike = DEFAULT_RESULTS, doc: str | os.PathL
     atomic.write_text(doc_path, splice(old, body, BEGIN, END))
     readme_path = Path(readme) if readme else default_readme(rdir)
     spliced = readme_path is not None and splice_readme(rdir, readme_path)
+    pages = []
+    if readme is None and readme_path is not None:
+        # a repository's own results also own its audit trail and its comparisons page, named
+        # relative to the results directory as given, so that no page names a machine path
+        repo = rdir.parent.parent
+        pages.append(str(splice_audit(rdir, repo)))
+        pages += compare_pages(rdir, repo / compare.DEFAULT_DOC)
     return {"doc": str(doc_path), "plots": [str(p) for p in written], "artifacts": len(arts),
-            "skipped": skipped, "readme": str(readme_path) if spliced else None}
+            "skipped": skipped, "readme": str(readme_path) if spliced else None, "pages": pages}
+
+
+def compare_pages(results_dir: Path, doc: Path) -> list[str]:
+    """Redraw docs/results/comparisons.md from each `vllm-edge compare` run under the results
+    (as `vllm-edge compare --render-only` does)."""
+    written = []
+    for name, synthetic_1b in (("compare", False), ("compare_1b", True)):
+        out = results_dir / name
+        if (out / "speed" / "summary.json").exists():
+            written.append(compare.write_doc(out, doc, synthetic_1b=synthetic_1b)["doc"])
+    return sorted(set(written))

@@ -93,7 +93,7 @@ def test_the_files_own_types_run_at_llama_cpps_fidelity(qtype, files, token_ids,
     tf = scored["teacher_forced"]
     print(f"{qtype}: types {report['gguf_types']}, routes {report['routes']}, bytes vs file "
           f"{report['bytes_vs_gguf']}: top-1 {tf['top1_agreement']:.3f}, KL {tf['kl_mean']:.4f}, "
-          f"greedy {json.dumps(scored['greedy'].get('mean_common_prefix'))}")
+          f"greedy exact {scored['greedy']['exact_matches_str']}, first token {scored['greedy']['first_token_agreement']:.2f}")
     assert "CpuInt8LinearMethod" in methods and "UnquantizedLinearMethod" not in methods
     assert tf["top1_agreement"] >= TOP1_FLOOR and tf["kl_mean"] <= KL_CEILING, tf
 

@@ -24,7 +24,10 @@ vLLM loads it from its own ``--middleware vllm_edge.serving.gate.RequestGate`` f
    are 16); over the server's ``max_num_seqs`` gets a 400, and so does a request whose
    sequences (prompts of ``/v1/completions`` or conversations of
    ``/v1/chat/completions/batch``, times ``n``) are over :data:`FANOUT` × ``max_num_seqs``.
-6. **Media parts, on every route.** The whole body is walked (minus the subtrees that hold
+6. **Compile time.** Every schema, regex and grammar is compiled by xgrammar in a worker
+   process (:mod:`vllm_edge.serving.gate_compile`); past ``VLLM_EDGE_SCHEMA_COMPILE_S`` for
+   the request the worker is killed and the request gets a 400 naming the limit.
+7. **Media parts, on every route.** The whole body is walked (minus the subtrees that hold
    JSON schemas, where a property may be called ``image_url``), so every part shape
    vLLM's chat parser accepts is seen wherever it sits: typed ``image_url``, typeless
    ``{"image_url": ...}``, Responses ``input_image``, Anthropic ``image`` blocks (both
@@ -59,6 +62,7 @@ from typing import Any, Awaitable, Callable, Iterator
 
 from vllm_edge.common.errors import EdgeError
 from vllm_edge.runtime.images import ImageInputError, ImageLimits, validate_image_urls
+from vllm_edge.serving.gate_compile import CompileRefused, SchemaCompiler, targets
 
 # The OpenAI-style error "type" per status, as vLLM names them (HTTP phrase + "Error").
 ERROR_TYPES = {400: "BadRequestError", 401: "UnauthorizedError", 403: "ForbiddenError",
@@ -82,7 +86,8 @@ TEXT_BODY_BYTES = 4 << 20
 # Subtrees that hold JSON schemas or tool definitions, not content.
 SCHEMA_KEYS = frozenset({"tools", "functions", "tool_choice", "response_format",
                          "structured_outputs", "guided_json", "json_schema", "schema",
-                         "parameters", "input_schema", "properties", "$defs", "definitions"})
+                         "parameters", "input_schema", "properties", "$defs", "definitions",
+                         "guided_regex", "guided_grammar"})
 IMAGE_TYPES = frozenset({"image_url", "input_image", "image"})
 # Part keys vLLM's chat parser reads even without a "type" (or with a uuid), in its order.
 TYPELESS_KEYS = ("image_url", "image_pil", "image_embeds", "audio_embeds", "video_embeds",
@@ -119,6 +124,10 @@ class GateConfig:
     # the sampling vLLM applies where a request sets none, and where it came from (for /show)
     sampling: dict | None = None
     sampling_source: str | None = None
+    # the tokenizer xgrammar compiles schemas against (the model's folder); None: no
+    # compile-time check (the size and depth bounds still hold)
+    tokenizer: str | None = None
+    schema_compile_s: float = 10.0
 
     @property
     def max_seqs(self) -> int | None:
@@ -145,6 +154,7 @@ class GateConfig:
             from vllm import envs as vllm_envs
 
             fields["api_keys"] = tuple(k for k in [vllm_envs.VLLM_API_KEY] if k)
+        fields.setdefault("schema_compile_s", float(envs.get("VLLM_EDGE_SCHEMA_COMPILE_S")))
         return cls(images=ImageLimits.from_env(), max_body_bytes=cap, **fields)
 
 
@@ -356,9 +366,10 @@ def check_fanout(request: dict, config: GateConfig) -> None:
                         param="prompt" if what == "prompts" else "messages")
 
 
-def check_request(request: Any, config: GateConfig) -> None:
+def check_request(request: Any, config: GateConfig,
+                  compiler: SchemaCompiler | None = None) -> None:
     """Raise :class:`GateError` / :class:`ImageInputError` for a parsed body the server
-    must refuse."""
+    must refuse. With ``compiler``, its schemas are also compiled within the budget."""
     if isinstance(request, dict):
         check_fanout(request, config)
     images: list[tuple[str, Any]] = []
@@ -382,9 +393,14 @@ def check_request(request: Any, config: GateConfig) -> None:
     for where, url in extras:  # one part, one image: counted above, each reference checked
         validate_image_urls([(where, url)], config.images, model=config.model,
                             accepts_images=config.accepts_images)
+    if compiler is not None and schemas:  # last: the only check that may take seconds
+        try:
+            compiler.check(targets(schemas))
+        except CompileRefused as exc:
+            raise GateError(str(exc), param=exc.param) from None
 
 
-def check_body(body: bytes, config: GateConfig) -> None:
+def check_body(body: bytes, config: GateConfig, compiler: SchemaCompiler | None = None) -> None:
     """:func:`check_request` on a raw body; a body that is not JSON is left to vLLM."""
     try:
         request = json.loads(body)
@@ -392,7 +408,7 @@ def check_body(body: bytes, config: GateConfig) -> None:
         raise GateError(f"the request body is nested deeper than {MAX_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError):
         return
-    check_request(request, config)
+    check_request(request, config, compiler)
 
 
 def _hashed(key: str) -> bytes:
@@ -433,6 +449,9 @@ class RequestGate:
             threading.Thread(target=_watch_idle, args=(self.activity, self.config.idle_exit_s),
                              name="vllm-edge-idle-exit", daemon=True).start()
         self._key_hashes = tuple(_hashed(k) for k in self.config.api_keys)
+        self.compiler: SchemaCompiler | None = None
+        if self.config.tokenizer and self.config.schema_compile_s > 0:
+            self.compiler = SchemaCompiler(self.config.tokenizer, self.config.schema_compile_s)
 
     def __repr__(self) -> str:  # no keys in logs
         cfg = dataclasses.replace(self.config, api_keys=("***",) * len(self.config.api_keys))
@@ -534,7 +553,7 @@ class RequestGate:
         if _is_json(scope):
             try:
                 # decoding an image is CPU work: off the event loop, so other requests go on
-                await asyncio.to_thread(check_body, body, self.config)
+                await asyncio.to_thread(check_body, body, self.config, self.compiler)
             except (GateError, ImageInputError) as exc:
                 await _refuse(send, exc)
                 return

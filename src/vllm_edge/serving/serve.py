@@ -224,7 +224,7 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
     argv += ["--override-generation-config", json.dumps(samp.values)]
     accepts = images.model_accepts_images(path)
     # a bad VLLM_EDGE_MAX_IMAGE* or VLLM_EDGE_MAX_BODY_BYTES fails here, not at start
-    gate = GateConfig.from_env(accepts_images=accepts, model=model, api_keys=(),
+    gate = GateConfig.from_env(accepts_images=accepts, model=model, api_keys=(), tokenizer=str(path),
                                idle_exit_s=idle_exit_s, sampling=samp.values, sampling_source=samp.source)
     limits = gate.images
     argv += ["--middleware", GATE]
@@ -235,7 +235,8 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
         "and /version (on loopback without a key: only loopback Host names), refuses bodies "
         f"over {gate.body_cap} bytes (VLLM_EDGE_MAX_BODY_BYTES) or slower than "
         f"{gate.body_timeout_s:g} s, JSON nested over 64 levels, schemas over "
-        f"{MAX_SCHEMA_BYTES} bytes or {MAX_SCHEMA_DEPTH} levels, n over max_num_seqs, more "
+        f"{MAX_SCHEMA_BYTES} bytes or {MAX_SCHEMA_DEPTH} levels or slower to compile than "
+        f"{gate.schema_compile_s:g} s (VLLM_EDGE_SCHEMA_COMPILE_S), n over max_num_seqs, more "
         f"than {FANOUT} x max_num_seqs sequences (prompts or conversations x n), and "
         "audio/video/embedding/file parts on every route",
         (f"images: data URLs only, {'/'.join(limits.formats)}, up to {limits.max_bytes} bytes "

@@ -291,3 +291,10 @@ def test_the_gate_module_serves_no_key_in_errors():
     assert KEY not in c.post("/invocations", json={}).text
     assert json.loads(c.post("/invocations", json={}).text)["error"]["code"] == 401
     gate_mod.configure(None)
+
+
+def test_a_lone_surrogate_in_a_schema_string_gets_no_500():
+    # JSON may escape one (\ud83d); the size bound encoded it as strict UTF-8 and raised
+    r = client().post("/v1/chat/completions", content=b'{"messages": [], "structured_outputs": "a\\ud83d"}',
+                      headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text

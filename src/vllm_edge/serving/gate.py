@@ -256,7 +256,8 @@ def check_schemas(schemas: list[tuple[str, Any]]) -> None:
             raise GateError(f"{where}: the schema is nested {depth} levels deep, over the limit "
                             f"of {MAX_SCHEMA_DEPTH} (MAX_SCHEMA_DEPTH) for structured output",
                             param=where)
-        total += len(value.encode()) if isinstance(value, str) else len(
+        # surrogatepass: JSON may escape a lone surrogate, which plain UTF-8 cannot encode
+        total += len(value.encode("utf-8", "surrogatepass")) if isinstance(value, str) else len(
             json.dumps(value, separators=(",", ":")))
         if total > MAX_SCHEMA_BYTES:
             raise GateError(f"{where}: the request's schemas, grammars and tool definitions "

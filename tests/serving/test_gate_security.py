@@ -295,6 +295,21 @@ def test_the_gate_module_serves_no_key_in_errors():
 
 def test_a_lone_surrogate_in_a_schema_string_gets_no_500():
     # JSON may escape one (\ud83d); the size bound encoded it as strict UTF-8 and raised
-    r = client().post("/v1/chat/completions", content=b'{"messages": [], "structured_outputs": "a\\ud83d"}',
+    r = client().post("/v1/chat/completions", content=b'{"messages": [], "guided_json": "a\\ud83d"}',
                       headers={"content-type": "application/json"})
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("so", ["x", True, [1], 3])
+def test_structured_outputs_that_is_no_object_gets_a_400(so):
+    # vLLM 0.32's validators call .get on it before its type is checked: a 500
+    r = client().post("/v1/completions", json={"prompt": "hi", "structured_outputs": so})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs", r.text
+
+
+@pytest.mark.parametrize("body", [{"prompt": "hi", "top_k": 2**64 + 1}, {"prompt": [1, 2**70]},
+                                  {"prompt": "hi", "seed": -2**64}])
+def test_integers_past_64_bits_get_a_400(body):
+    # top_k of 2**64+1 reached vLLM's C code: a 500 with an empty message
+    r = client().post("/v1/completions", json=body)
+    assert r.status_code == 400 and "64-bit" in r.json()["error"]["message"], r.text

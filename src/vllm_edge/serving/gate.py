@@ -367,16 +367,37 @@ def check_fanout(request: dict, config: GateConfig) -> None:
                         param="prompt" if what == "prompts" else "messages")
 
 
+INT64_MAX = 2**63 - 1
+
+
+def _check_ints(path: str, node: dict) -> None:
+    """No integer outside 64 bits in a field or in a list a field holds: vLLM hands them to
+    C code (top_k of 2**64+1 was a 500 with an empty message, found by the fuzz)."""
+    for key, value in node.items():
+        for item in value if isinstance(value, list) else (value,):
+            if isinstance(item, int) and not isinstance(item, bool) and abs(item) > INT64_MAX:
+                where = f"{path}.{key}".removeprefix("$.")
+                raise GateError(f"{where}: {str(item)[:30]} is outside the 64-bit integer range",
+                                param=where)
+
+
 def check_request(request: Any, config: GateConfig,
                   compiler: SchemaCompiler | None = None) -> None:
     """Raise :class:`GateError` / :class:`ImageInputError` for a parsed body the server
     must refuse. With ``compiler``, its schemas are also compiled within the budget."""
     if isinstance(request, dict):
+        so = request.get("structured_outputs")
+        if so is not None and not isinstance(so, dict):
+            # vLLM's chat and completions validators call .get on it before pydantic checks
+            # its type: a string, list or bool there was a 500 (found by the fuzz)
+            raise GateError(f"structured_outputs={json.dumps(so)[:60]}: expected an object "
+                            '(e.g. {"json": {...}} or {"regex": "..."})', param="structured_outputs")
         check_fanout(request, config)
     images: list[tuple[str, Any]] = []
     extras: list[tuple[str, Any]] = []
     schemas: list[tuple[str, Any]] = []
     for path, node in _walk(request, schemas):
+        _check_ints(path, node)
         found = media_part(node)
         if found is None:
             continue

@@ -19,7 +19,10 @@ vLLM loads it from its own ``--middleware vllm_edge.serving.gate.RequestGate`` f
    decoder would raise ``RecursionError`` deeper down, which vLLM answers with a 500); a
    JSON schema or grammar (tools, ``response_format``, ``structured_outputs``) over
    :data:`MAX_SCHEMA_BYTES` in all or nested deeper than :data:`MAX_SCHEMA_DEPTH` gets a
-   400 before xgrammar compiles it.
+   400 before xgrammar compiles it. A string or key holding a lone UTF-16 surrogate
+   (``"\\ud800"``, which UTF-8 cannot encode) gets a 400 naming where it is, and so does
+   ``kv_transfer_params`` on a server without a KV connector: vLLM passes both on to its
+   engine, where they were 500s.
 5. **Fan-out.** ``n`` is read the way vLLM's pydantic models read it (``"16"`` and ``16.0``
    are 16); over the server's ``max_num_seqs`` gets a 400, and so does a request whose
    sequences (prompts of ``/v1/completions`` or conversations of
@@ -128,6 +131,9 @@ class GateConfig:
     # compile-time check (the size and depth bounds still hold)
     tokenizer: str | None = None
     schema_compile_s: float = 10.0
+    # vLLM sends kv_transfer_params to a KV connector; without one (serve configures none
+    # unless the user passes --kv-transfer-config) the field can do nothing but harm
+    kv_connector: bool = False
 
     @property
     def max_seqs(self) -> int | None:
@@ -368,6 +374,40 @@ def check_fanout(request: dict, config: GateConfig) -> None:
 
 
 INT64_MAX = 2**63 - 1
+# A UTF-16 surrogate code point: json.loads joins an escaped pair into one character, so any
+# left in a decoded string stands alone
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escaped(key: str) -> str:
+    return json.dumps(key)[1:-1]  # ASCII: the error that names it must itself encode
+
+
+def check_text(value: Any) -> None:
+    """No lone surrogate in any string or key of the body. UTF-8 cannot encode one, and
+    vLLM 0.32 encodes request fields as UTF-8 on the way to its engine (msgpack): a lone
+    surrogate in kv_transfer_params was a 500 with an empty message, found by the fuzz."""
+    stack: list[tuple[Any, str]] = [(value, "$")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str):
+            if SURROGATE.search(node):
+                where = path.removeprefix("$.") if path != "$" else "the body"
+                raise GateError(f"{where}: the string holds a lone UTF-16 surrogate "
+                                "(\\ud800-\\udfff without its pair), which is not text",
+                                param=None if path == "$" else where)
+        elif isinstance(node, dict):
+            for key, child in node.items():
+                if SURROGATE.search(key):  # checked before its subtree: paths below are text
+                    where = f"{path}.{_escaped(key)}".removeprefix("$.")
+                    raise GateError(f"{where}: the key holds a lone UTF-16 surrogate "
+                                    "(\\ud800-\\udfff without its pair), which is not text",
+                                    param=where)
+                if isinstance(child, (str, dict, list)):
+                    stack.append((child, f"{path}.{key}"))
+        elif isinstance(node, list):  # token lists run to many thousands of ints: no paths for them
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(node)
+                         if isinstance(child, (str, dict, list)))
 
 
 def _check_ints(path: str, node: dict) -> None:
@@ -392,7 +432,12 @@ def check_request(request: Any, config: GateConfig,
             # its type: a string, list or bool there was a 500 (found by the fuzz)
             raise GateError(f"structured_outputs={json.dumps(so)[:60]}: expected an object "
                             '(e.g. {"json": {...}} or {"regex": "..."})', param="structured_outputs")
+        if request.get("kv_transfer_params") is not None and not config.kv_connector:
+            raise GateError("kv_transfer_params: this server has no KV connector "
+                            "(--kv-transfer-config), so it takes no KV transfer parameters",
+                            param="kv_transfer_params")
         check_fanout(request, config)
+    check_text(request)
     images: list[tuple[str, Any]] = []
     extras: list[tuple[str, Any]] = []
     schemas: list[tuple[str, Any]] = []

@@ -225,7 +225,8 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
     accepts = images.model_accepts_images(path)
     # a bad VLLM_EDGE_MAX_IMAGE* or VLLM_EDGE_MAX_BODY_BYTES fails here, not at start
     gate = GateConfig.from_env(accepts_images=accepts, model=model, api_keys=(), tokenizer=str(path),
-                               idle_exit_s=idle_exit_s, sampling=samp.values, sampling_source=samp.source)
+                               idle_exit_s=idle_exit_s, sampling=samp.values, sampling_source=samp.source,
+                               kv_connector=kv_connector_flag(extra or []))
     limits = gate.images
     argv += ["--middleware", GATE]
     if accepts:
@@ -269,6 +270,13 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
                 "max_body_bytes": gate.body_cap}
     return ServePlan(Path(path), names, host, port, argv, dict(edge.env), lines, describe, gate,
                      headless=par.headless)
+
+
+def kv_connector_flag(extra: list[str]) -> bool:
+    """The user's vLLM flags configure a KV connector (so requests may carry
+    kv_transfer_params)."""
+    return any(a.split("=", 1)[0] in ("--kv-transfer-config", "--kv_transfer_config")
+               for a in extra)
 
 
 def run_vllm(p: ServePlan, sock: socket.socket | None) -> None:

@@ -45,6 +45,8 @@ GRAMMAR_KEYS = frozenset({"grammar", "guided_grammar"})
 START_TIMEOUT_S = 120.0
 PASSED_CACHE = 512
 IDLE_STOP_S = 300.0
+# The worker's module, on its command line: how a memory sampler tells it from the server.
+WORKER_MODULE = "vllm_edge.serving.gate_compile"
 
 
 class CompileRefused(Exception):
@@ -135,7 +137,7 @@ class SchemaCompiler:
             self.idle_watch.start()
         self.buf = b""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm_edge.serving.gate_compile", self.tokenizer],
+            [sys.executable, "-m", WORKER_MODULE, self.tokenizer],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             env={**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
         ready = self._read(START_TIMEOUT_S)

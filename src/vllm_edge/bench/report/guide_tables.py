@@ -337,6 +337,27 @@ def _provenance_line(data: dict) -> str:
     return f"{cpu}, {len(cores) if isinstance(cores, list) else '?'} cores, vllm-edge {sha}"
 
 
+def _rss_numbers(rss: dict) -> str:
+    return (f"{rss.get('min_mb')}–{rss.get('max_mb')} MB, median {rss.get('median_mb')}, "
+            f"slope {rss.get('slope_mb_per_min')} MB/min, drift (first vs last quarter) "
+            f"{rss.get('drift_pct')}%")
+
+
+def _rss_line(rss: dict) -> str:
+    """The soak's RssAnon after warm-up: with the schema compiler kept apart (the gate kills
+    it past its budget, so the whole tree saws up and down), the server without it first."""
+    head = f"RssAnon after {rss['warmup_s']:g} s of warm-up ({rss['samples_after_warmup']} samples)"
+    server = rss.get("without_compile_worker")
+    if server is None:
+        return f"Server tree {head}: {_rss_numbers(rss)}."
+    worker = rss.get("compile_worker") or {}
+    return (f"{head}, the server's tree without the schema compiler worker (the flatness "
+            f"check): {_rss_numbers(server)}, within 5%: "
+            f"{'yes' if server.get('flat_within_5pct') else 'no'}. The worker, which the gate "
+            f"kills past its compile budget, started {worker.get('starts')} times, up to "
+            f"{worker.get('max_mb')} MB; the whole tree with it: {_rss_numbers(rss)}.")
+
+
 def render_hostile(results_dir: Path, doc: Path) -> str:
     """The body fuzz (counts by status) and the soak with hostile requests (outcomes, 5xx,
     the server tree's RssAnon over time)."""
@@ -365,11 +386,7 @@ def render_hostile(results_dir: Path, doc: Path) -> str:
                 f"oversized bodies, wrong keys, huge `n`, slow-to-compile schemas and 100,000-deep "
                 f"JSON among them, and a slow body (slowloris) beside them ({_provenance_line(d)}). "
                 f"{d['requests']} requests; by class: {hostile}. **5xx: {d['http_5xx']}**, "
-                f"unexpected classes: {len(d['errors'])}. Server tree RssAnon after "
-                f"{rss['warmup_s']:g} s of warm-up ({rss['samples_after_warmup']} samples): "
-                f"{rss.get('min_mb')}–{rss.get('max_mb')} MB, median {rss.get('median_mb')}, "
-                f"slope {rss.get('slope_mb_per_min')} MB/min, drift (first vs last quarter) "
-                f"{rss.get('drift_pct')}%.", ""]
+                f"unexpected classes: {len(d['errors'])}. {_rss_line(rss)}", ""]
     return "\n".join(out) if out else "_No fuzz or hostile soak artifact yet._\n"
 
 

@@ -2,7 +2,7 @@
 the serve gate driven as the ASGI middleware it is (a tiny app behind it stands for vLLM and
 says whether a request reached it), and the library functions the other probes target.
 
-    python scripts/security_probes.py run > outcomes.json        # one tree's outcomes
+    python scripts/security_probes.py run [NAME ...] > outcomes.json   # one tree's outcomes
     python scripts/security_probes.py table BEFORE.json AFTER.json OUT.json
 
 ``table`` writes the artifact: each probe's name, what it sends, the outcome before and
@@ -53,6 +53,10 @@ PROBES: dict[str, tuple[str, str]] = {
                     "tests/serving/test_gate_security.py::test_schemas_over_the_bounds_get_a_400"),
     "schema_large": ("response_format json_schema of 2000 properties (~260 KB)",
                      "tests/serving/test_gate_security.py::test_schemas_over_the_bounds_get_a_400"),
+    "schema_compile_time": ("response_format json_schema of 12 strings with maxLength ~1000 (400 bytes), "
+                            "budget 10 s",
+                            "tests/serving/test_gate_compile.py::"
+                            "test_a_schema_slow_to_compile_gets_a_400_naming_the_limit"),
     "dns_rebinding_host": ("Host: evil.example to a keyless loopback server",
                            "tests/serving/test_gate_security.py::"
                            "test_a_keyless_loopback_server_answers_only_loopback_host_names"),
@@ -114,12 +118,18 @@ def _gate_call(config_kw: dict, method: str, path: str, body: bytes | None = Non
     return f"{status} ({who})"
 
 
+def _default_dir() -> str:
+    from vllm_edge.models import store
+
+    return str(store.prepare("default", progress=False))
+
+
 def _keyed(method: str, path: str, body: dict | None = None) -> str:
     return _gate_call({"api_keys": (KEY,)}, method, path, json.dumps(body).encode() if body else None)
 
 
-def _body(body: dict, path: str = "/v1/chat/completions", **kw) -> str:
-    return _gate_call({"max_n": 4, **kw}, "POST", path, json.dumps(body).encode())
+def _body(body: dict, path: str = "/v1/chat/completions", wait_s: float = 10.0, **kw) -> str:
+    return _gate_call({"max_n": 4, **kw}, "POST", path, json.dumps(body).encode(), wait_s=wait_s)
 
 
 def _nested(depth: int) -> dict:
@@ -296,6 +306,10 @@ def run() -> dict[str, str]:
             "name": "x", "schema": _nested(40)}}}),
         "schema_large": lambda: _body({**CHAT, "response_format": {"type": "json_schema", "json_schema": {
             "name": "x", "schema": big}}}),
+        "schema_compile_time": lambda: _body({**CHAT, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
+                f"p{i}": {"type": "string", "maxLength": 1000 + i} for i in range(12)}}}}},
+            tokenizer=_default_dir(), schema_compile_s=10.0, wait_s=60.0),
         "dns_rebinding_host": lambda: _gate_call({"loopback_hosts_only": True}, "POST", "/v1/completions",
                                                  b"{}", [(b"host", b"evil.example")]),
         "slow_body": lambda: _gate_call({"body_timeout_s": 1.0}, "POST", "/v1/completions",
@@ -314,7 +328,8 @@ def run() -> dict[str, str]:
         "loopback_via_proxy": _proxy,
     }
     assert set(probes) == set(PROBES)
-    return {name: _outcome(fn) for name, fn in probes.items()}
+    only = [n for n in sys.argv[2:] if n in probes]
+    return {name: _outcome(fn) for name, fn in probes.items() if not only or name in only}
 
 
 def table(before_path: str, after_path: str, out: str) -> None:

@@ -279,6 +279,16 @@ _declare(
     minimum=0,
 )
 _declare(
+    "VLLM_EDGE_SCHEMA_COMPILE_S", "int", 10,
+    "Seconds the request gate of `serve` lets xgrammar spend compiling one request's JSON "
+    "schemas, regexes and grammars (in a worker process, on one thread); over it the request "
+    "gets HTTP 400 naming this limit. 0 turns the check off.",
+    "A few hundred bytes of schema can cost minutes of the engine's compile thread "
+    "(serving/gate_compile.py; the schema_compile_time probe in "
+    "benchmarks/results/security/probes.json).",
+    minimum=0,
+)
+_declare(
     "VLLM_EDGE_MAX_IMAGES", "int", 4,
     "Images allowed in one prompt (`run --image`, the request gate of `serve`); also vLLM's "
     "`limit_mm_per_prompt` for image models, whose own default is 999.",

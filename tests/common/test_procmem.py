@@ -13,6 +13,7 @@ from vllm_edge.common.procmem import (
     process_tree,
     rss_anon_kb,
     tree_rss_anon_mb,
+    tree_rss_anon_split,
 )
 
 CHILD = "import sys,time; b=bytearray(200*1024*1024); b[::4096]=b'x'*len(b[::4096]); print('ready',flush=True); time.sleep(30)"
@@ -33,6 +34,23 @@ def test_tree_includes_a_child_holding_200mb():
         child.kill()
         child.wait()
     assert rss_anon_kb(child.pid) is None
+
+
+def test_a_child_named_on_its_command_line_is_kept_apart():
+    marker = "procmem-apart-marker"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, marker], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        total, n, part, pids = tree_rss_anon_split(os.getpid(), marker)
+        assert pids == [child.pid] and 180 < part < total
+        with TreeSampler(interval=10, keep_samples=True, apart=marker) as s:
+            pass
+        assert len(s.apart_samples) == len(s.samples) == 2 and min(s.apart_samples) > 180
+        assert s.apart_pids == {child.pid}
+    finally:
+        child.kill()
+        child.wait()
+    assert tree_rss_anon_split(os.getpid(), marker)[2:] == (0.0, [])
 
 
 def test_sampler_keeps_the_peak_after_the_child_exits():

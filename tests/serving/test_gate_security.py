@@ -291,3 +291,85 @@ def test_the_gate_module_serves_no_key_in_errors():
     assert KEY not in c.post("/invocations", json={}).text
     assert json.loads(c.post("/invocations", json={}).text)["error"]["code"] == 401
     gate_mod.configure(None)
+
+
+def test_a_lone_surrogate_in_a_schema_string_gets_a_400_naming_it():
+    # JSON may escape one (\ud83d); the size bound encoded it as strict UTF-8 and raised (a 500)
+    r = client().post("/v1/chat/completions", content=b'{"messages": [], "guided_json": "a\\ud83d"}',
+                      headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "guided_json", r.text
+
+
+# The one 5xx left by the fuzz (seed 0, case 2071): vLLM 0.32 puts kv_transfer_params in the
+# sampling params' extra_args and msgpack-encodes them for the engine; the lone surrogate
+# raised UnicodeEncodeError there.
+FUZZ_KV_BODY = (b'{"model": "default", "prompt": [1, 2, 3], "max_tokens": 1, "kv_transfer_params": '
+                b'{"content": [{"role": [null], "content": [-Infinity, 2147483648], "model": '
+                b'{"content": true, "n": "\xed\xa0\x80"}}], "role": {"n": false, "x": "{}"}, "n": []}}')
+
+
+@pytest.mark.parametrize("kv", [{"do_remote_prefill": True}, {}, "x", [1]])
+def test_kv_transfer_params_without_a_connector_get_a_400_naming_it(kv):
+    r = client().post("/v1/completions", json={"prompt": "hi", "kv_transfer_params": kv})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "kv_transfer_params", r.text
+
+
+def test_the_fuzz_kv_transfer_body_gets_a_400():
+    r = client().post("/v1/completions", content=FUZZ_KV_BODY,
+                      headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "kv_transfer_params", r.text
+
+
+def test_kv_transfer_params_pass_with_a_connector_or_when_null():
+    assert client().post("/v1/completions", json={"prompt": "hi", "kv_transfer_params": None}
+                         ).status_code == 200
+    r = client(kv_connector=True).post("/v1/completions", json={
+        "prompt": "hi", "kv_transfer_params": {"do_remote_prefill": True}})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("flags, on", [([], False), (["--kv-transfer-config", "{}"], True),
+                                       (["--kv_transfer_config={}"], True),
+                                       (["--kv-events-config", "{}"], False)])
+def test_a_kv_connector_is_seen_in_the_users_vllm_flags(flags, on):
+    from vllm_edge.serving.serve import kv_connector_flag
+
+    assert kv_connector_flag(flags) is on
+
+
+@pytest.mark.parametrize("raw, param", [
+    (b'{"prompt": "hi\\ud800"}', "prompt"),
+    (b'{"prompt": ["ok", "\\udfff x"]}', "prompt[1]"),
+    (b'{"prompt": "hi", "stop": ["\xed\xa0\x80"]}', "stop[0]"),  # the raw bytes json.loads lets through
+    (b'{"prompt": "hi", "vllm_xargs": {"k": "\\ud83d"}}', "vllm_xargs.k"),
+    (b'{"prompt": "hi", "logit_bias": {"\\ud800": 1}}', "logit_bias.\\ud800"),
+    (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\ude42"}]}]}',
+     "messages[0].content[0].text"),
+    (b'"\\ud800"', None),
+])
+def test_a_lone_surrogate_anywhere_gets_a_400_naming_where(raw, param):
+    r = client().post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and "surrogate" in r.json()["error"]["message"]
+
+
+def test_a_surrogate_pair_is_text_and_passes():
+    # an escaped pair decodes to one character (here U+1F642)
+    r = client().post("/v1/completions", content=b'{"prompt": "hi \\ud83d\\ude42"}',
+                      headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("so", ["x", True, [1], 3])
+def test_structured_outputs_that_is_no_object_gets_a_400(so):
+    # vLLM 0.32's validators call .get on it before its type is checked: a 500
+    r = client().post("/v1/completions", json={"prompt": "hi", "structured_outputs": so})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs", r.text
+
+
+@pytest.mark.parametrize("body", [{"prompt": "hi", "top_k": 2**64 + 1}, {"prompt": [1, 2**70]},
+                                  {"prompt": "hi", "seed": -2**64}])
+def test_integers_past_64_bits_get_a_400(body):
+    # top_k of 2**64+1 reached vLLM's C code: a 500 with an empty message
+    r = client().post("/v1/completions", json=body)
+    assert r.status_code == 400 and "64-bit" in r.json()["error"]["message"], r.text

@@ -19,12 +19,18 @@ vLLM loads it from its own ``--middleware vllm_edge.serving.gate.RequestGate`` f
    decoder would raise ``RecursionError`` deeper down, which vLLM answers with a 500); a
    JSON schema or grammar (tools, ``response_format``, ``structured_outputs``) over
    :data:`MAX_SCHEMA_BYTES` in all or nested deeper than :data:`MAX_SCHEMA_DEPTH` gets a
-   400 before xgrammar compiles it.
+   400 before xgrammar compiles it. A string or key holding a lone UTF-16 surrogate
+   (``"\\ud800"``, which UTF-8 cannot encode) gets a 400 naming where it is, and so does
+   ``kv_transfer_params`` on a server without a KV connector: vLLM passes both on to its
+   engine, where they were 500s.
 5. **Fan-out.** ``n`` is read the way vLLM's pydantic models read it (``"16"`` and ``16.0``
    are 16); over the server's ``max_num_seqs`` gets a 400, and so does a request whose
    sequences (prompts of ``/v1/completions`` or conversations of
    ``/v1/chat/completions/batch``, times ``n``) are over :data:`FANOUT` × ``max_num_seqs``.
-6. **Media parts, on every route.** The whole body is walked (minus the subtrees that hold
+6. **Compile time.** Every schema, regex and grammar is compiled by xgrammar in a worker
+   process (:mod:`vllm_edge.serving.gate_compile`); past ``VLLM_EDGE_SCHEMA_COMPILE_S`` for
+   the request the worker is killed and the request gets a 400 naming the limit.
+7. **Media parts, on every route.** The whole body is walked (minus the subtrees that hold
    JSON schemas, where a property may be called ``image_url``), so every part shape
    vLLM's chat parser accepts is seen wherever it sits: typed ``image_url``, typeless
    ``{"image_url": ...}``, Responses ``input_image``, Anthropic ``image`` blocks (both
@@ -59,6 +65,7 @@ from typing import Any, Awaitable, Callable, Iterator
 
 from vllm_edge.common.errors import EdgeError
 from vllm_edge.runtime.images import ImageInputError, ImageLimits, validate_image_urls
+from vllm_edge.serving.gate_compile import CompileRefused, SchemaCompiler, targets
 
 # The OpenAI-style error "type" per status, as vLLM names them (HTTP phrase + "Error").
 ERROR_TYPES = {400: "BadRequestError", 401: "UnauthorizedError", 403: "ForbiddenError",
@@ -82,7 +89,8 @@ TEXT_BODY_BYTES = 4 << 20
 # Subtrees that hold JSON schemas or tool definitions, not content.
 SCHEMA_KEYS = frozenset({"tools", "functions", "tool_choice", "response_format",
                          "structured_outputs", "guided_json", "json_schema", "schema",
-                         "parameters", "input_schema", "properties", "$defs", "definitions"})
+                         "parameters", "input_schema", "properties", "$defs", "definitions",
+                         "guided_regex", "guided_grammar"})
 IMAGE_TYPES = frozenset({"image_url", "input_image", "image"})
 # Part keys vLLM's chat parser reads even without a "type" (or with a uuid), in its order.
 TYPELESS_KEYS = ("image_url", "image_pil", "image_embeds", "audio_embeds", "video_embeds",
@@ -119,6 +127,13 @@ class GateConfig:
     # the sampling vLLM applies where a request sets none, and where it came from (for /show)
     sampling: dict | None = None
     sampling_source: str | None = None
+    # the tokenizer xgrammar compiles schemas against (the model's folder); None: no
+    # compile-time check (the size and depth bounds still hold)
+    tokenizer: str | None = None
+    schema_compile_s: float = 10.0
+    # vLLM sends kv_transfer_params to a KV connector; without one (serve configures none
+    # unless the user passes --kv-transfer-config) the field can do nothing but harm
+    kv_connector: bool = False
 
     @property
     def max_seqs(self) -> int | None:
@@ -145,6 +160,7 @@ class GateConfig:
             from vllm import envs as vllm_envs
 
             fields["api_keys"] = tuple(k for k in [vllm_envs.VLLM_API_KEY] if k)
+        fields.setdefault("schema_compile_s", float(envs.get("VLLM_EDGE_SCHEMA_COMPILE_S")))
         return cls(images=ImageLimits.from_env(), max_body_bytes=cap, **fields)
 
 
@@ -246,7 +262,8 @@ def check_schemas(schemas: list[tuple[str, Any]]) -> None:
             raise GateError(f"{where}: the schema is nested {depth} levels deep, over the limit "
                             f"of {MAX_SCHEMA_DEPTH} (MAX_SCHEMA_DEPTH) for structured output",
                             param=where)
-        total += len(value.encode()) if isinstance(value, str) else len(
+        # surrogatepass: JSON may escape a lone surrogate, which plain UTF-8 cannot encode
+        total += len(value.encode("utf-8", "surrogatepass")) if isinstance(value, str) else len(
             json.dumps(value, separators=(",", ":")))
         if total > MAX_SCHEMA_BYTES:
             raise GateError(f"{where}: the request's schemas, grammars and tool definitions "
@@ -356,15 +373,76 @@ def check_fanout(request: dict, config: GateConfig) -> None:
                         param="prompt" if what == "prompts" else "messages")
 
 
-def check_request(request: Any, config: GateConfig) -> None:
+INT64_MAX = 2**63 - 1
+# A UTF-16 surrogate code point: json.loads joins an escaped pair into one character, so any
+# left in a decoded string stands alone
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escaped(key: str) -> str:
+    return json.dumps(key)[1:-1]  # ASCII: the error that names it must itself encode
+
+
+def check_text(value: Any) -> None:
+    """No lone surrogate in any string or key of the body. UTF-8 cannot encode one, and
+    vLLM 0.32 encodes request fields as UTF-8 on the way to its engine (msgpack): a lone
+    surrogate in kv_transfer_params was a 500 with an empty message, found by the fuzz."""
+    stack: list[tuple[Any, str]] = [(value, "$")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str):
+            if SURROGATE.search(node):
+                where = path.removeprefix("$.") if path != "$" else "the body"
+                raise GateError(f"{where}: the string holds a lone UTF-16 surrogate "
+                                "(\\ud800-\\udfff without its pair), which is not text",
+                                param=None if path == "$" else where)
+        elif isinstance(node, dict):
+            for key, child in node.items():
+                if SURROGATE.search(key):  # checked before its subtree: paths below are text
+                    where = f"{path}.{_escaped(key)}".removeprefix("$.")
+                    raise GateError(f"{where}: the key holds a lone UTF-16 surrogate "
+                                    "(\\ud800-\\udfff without its pair), which is not text",
+                                    param=where)
+                if isinstance(child, (str, dict, list)):
+                    stack.append((child, f"{path}.{key}"))
+        elif isinstance(node, list):  # token lists run to many thousands of ints: no paths for them
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(node)
+                         if isinstance(child, (str, dict, list)))
+
+
+def _check_ints(path: str, node: dict) -> None:
+    """No integer outside 64 bits in a field or in a list a field holds: vLLM hands them to
+    C code (top_k of 2**64+1 was a 500 with an empty message, found by the fuzz)."""
+    for key, value in node.items():
+        for item in value if isinstance(value, list) else (value,):
+            if isinstance(item, int) and not isinstance(item, bool) and abs(item) > INT64_MAX:
+                where = f"{path}.{key}".removeprefix("$.")
+                raise GateError(f"{where}: {str(item)[:30]} is outside the 64-bit integer range",
+                                param=where)
+
+
+def check_request(request: Any, config: GateConfig,
+                  compiler: SchemaCompiler | None = None) -> None:
     """Raise :class:`GateError` / :class:`ImageInputError` for a parsed body the server
-    must refuse."""
+    must refuse. With ``compiler``, its schemas are also compiled within the budget."""
     if isinstance(request, dict):
+        so = request.get("structured_outputs")
+        if so is not None and not isinstance(so, dict):
+            # vLLM's chat and completions validators call .get on it before pydantic checks
+            # its type: a string, list or bool there was a 500 (found by the fuzz)
+            raise GateError(f"structured_outputs={json.dumps(so)[:60]}: expected an object "
+                            '(e.g. {"json": {...}} or {"regex": "..."})', param="structured_outputs")
+        if request.get("kv_transfer_params") is not None and not config.kv_connector:
+            raise GateError("kv_transfer_params: this server has no KV connector "
+                            "(--kv-transfer-config), so it takes no KV transfer parameters",
+                            param="kv_transfer_params")
         check_fanout(request, config)
+    check_text(request)
     images: list[tuple[str, Any]] = []
     extras: list[tuple[str, Any]] = []
     schemas: list[tuple[str, Any]] = []
     for path, node in _walk(request, schemas):
+        _check_ints(path, node)
         found = media_part(node)
         if found is None:
             continue
@@ -382,9 +460,14 @@ def check_request(request: Any, config: GateConfig) -> None:
     for where, url in extras:  # one part, one image: counted above, each reference checked
         validate_image_urls([(where, url)], config.images, model=config.model,
                             accepts_images=config.accepts_images)
+    if compiler is not None and schemas:  # last: the only check that may take seconds
+        try:
+            compiler.check(targets(schemas))
+        except CompileRefused as exc:
+            raise GateError(str(exc), param=exc.param) from None
 
 
-def check_body(body: bytes, config: GateConfig) -> None:
+def check_body(body: bytes, config: GateConfig, compiler: SchemaCompiler | None = None) -> None:
     """:func:`check_request` on a raw body; a body that is not JSON is left to vLLM."""
     try:
         request = json.loads(body)
@@ -392,7 +475,7 @@ def check_body(body: bytes, config: GateConfig) -> None:
         raise GateError(f"the request body is nested deeper than {MAX_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError):
         return
-    check_request(request, config)
+    check_request(request, config, compiler)
 
 
 def _hashed(key: str) -> bytes:
@@ -433,6 +516,9 @@ class RequestGate:
             threading.Thread(target=_watch_idle, args=(self.activity, self.config.idle_exit_s),
                              name="vllm-edge-idle-exit", daemon=True).start()
         self._key_hashes = tuple(_hashed(k) for k in self.config.api_keys)
+        self.compiler: SchemaCompiler | None = None
+        if self.config.tokenizer and self.config.schema_compile_s > 0:
+            self.compiler = SchemaCompiler(self.config.tokenizer, self.config.schema_compile_s)
 
     def __repr__(self) -> str:  # no keys in logs
         cfg = dataclasses.replace(self.config, api_keys=("***",) * len(self.config.api_keys))
@@ -534,7 +620,7 @@ class RequestGate:
         if _is_json(scope):
             try:
                 # decoding an image is CPU work: off the event loop, so other requests go on
-                await asyncio.to_thread(check_body, body, self.config)
+                await asyncio.to_thread(check_body, body, self.config, self.compiler)
             except (GateError, ImageInputError) as exc:
                 await _refuse(send, exc)
                 return

@@ -224,8 +224,9 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
     argv += ["--override-generation-config", json.dumps(samp.values)]
     accepts = images.model_accepts_images(path)
     # a bad VLLM_EDGE_MAX_IMAGE* or VLLM_EDGE_MAX_BODY_BYTES fails here, not at start
-    gate = GateConfig.from_env(accepts_images=accepts, model=model, api_keys=(),
-                               idle_exit_s=idle_exit_s, sampling=samp.values, sampling_source=samp.source)
+    gate = GateConfig.from_env(accepts_images=accepts, model=model, api_keys=(), tokenizer=str(path),
+                               idle_exit_s=idle_exit_s, sampling=samp.values, sampling_source=samp.source,
+                               kv_connector=kv_connector_flag(extra or []))
     limits = gate.images
     argv += ["--middleware", GATE]
     if accepts:
@@ -235,7 +236,8 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
         "and /version (on loopback without a key: only loopback Host names), refuses bodies "
         f"over {gate.body_cap} bytes (VLLM_EDGE_MAX_BODY_BYTES) or slower than "
         f"{gate.body_timeout_s:g} s, JSON nested over 64 levels, schemas over "
-        f"{MAX_SCHEMA_BYTES} bytes or {MAX_SCHEMA_DEPTH} levels, n over max_num_seqs, more "
+        f"{MAX_SCHEMA_BYTES} bytes or {MAX_SCHEMA_DEPTH} levels or slower to compile than "
+        f"{gate.schema_compile_s:g} s (VLLM_EDGE_SCHEMA_COMPILE_S), n over max_num_seqs, more "
         f"than {FANOUT} x max_num_seqs sequences (prompts or conversations x n), and "
         "audio/video/embedding/file parts on every route",
         (f"images: data URLs only, {'/'.join(limits.formats)}, up to {limits.max_bytes} bytes "
@@ -268,6 +270,13 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
                 "max_body_bytes": gate.body_cap}
     return ServePlan(Path(path), names, host, port, argv, dict(edge.env), lines, describe, gate,
                      headless=par.headless)
+
+
+def kv_connector_flag(extra: list[str]) -> bool:
+    """The user's vLLM flags configure a KV connector (so requests may carry
+    kv_transfer_params)."""
+    return any(a.split("=", 1)[0] in ("--kv-transfer-config", "--kv_transfer_config")
+               for a in extra)
 
 
 def run_vllm(p: ServePlan, sock: socket.socket | None) -> None:

@@ -30,6 +30,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeat", type=int, default=1,
                    help="soak the same server this many times in a row (seeds SEED, SEED+1, ...)")
+    p.add_argument("--hostile", action="store_true",
+                   help="mix in requests the gate must refuse (oversized, bad key, huge n, slow-to-"
+                        "compile schema, deep JSON) and a slow body; the server gets a random key")
     add_out(p, default="benchmarks/results/soak.json")
 
 
@@ -40,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
                       clients=args.clients, max_model_len=args.max_model_len,
                       serve_args=["--enforce-eager"] if args.enforce_eager else [],
                       base_url=args.base_url, server_pid=args.server_pid, out=args.out,
-                      warmup_s=args.warmup, seed=args.seed, repeat=args.repeat)
+                      warmup_s=args.warmup, seed=args.seed, repeat=args.repeat,
+                      hostile=args.hostile)
     keys = ("requests", "wall_s", "by_class", "errors", "http_5xx", "ttft_s", "tpot_s", "rss_anon",
             "health_after", "passed")
     for r in result.get("runs", [result]):

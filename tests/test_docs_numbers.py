@@ -280,7 +280,9 @@ def measured_figures(text: str) -> list[str]:
 
 
 def _without_generated(text: str) -> str:
-    for begin, end in (markers for _, markers, _ in guide_tables.REGIONS):
+    from vllm_edge.bench import compare
+
+    for begin, end in [*(markers for _, markers, _ in guide_tables.REGIONS), (compare.BEGIN, compare.END)]:
         if begin in text:
             text = text[:text.index(begin)] + text[text.index(end):]
     return text
@@ -294,7 +296,7 @@ def _hand_written_docs() -> dict[str, str]:
                                                        + text[text.index(claims.END):])
     docs["CHANGELOG.md"] = CHANGELOG.read_text()
     for p in sorted((REPO / RESULTS).rglob("*.md")):  # notes beside the artifacts quote none either
-        docs[str(p.relative_to(REPO))] = p.read_text()
+        docs[str(p.relative_to(REPO))] = _without_generated(p.read_text())
     return docs
 
 

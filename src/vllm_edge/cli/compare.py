@@ -21,7 +21,7 @@ DESCRIPTION = (compare.__doc__.split("\n\n")[0] + " Default budget: under 30 min
 
 def add_args(p: argparse.ArgumentParser) -> None:
     add_model(p, help="embedded model key, 'default', a GGUF file (llama.cpp also runs the file itself, "
-                      "vLLM its cpu_int4 repack) or a bf16 model folder")
+                      "vLLM its repack, the file's own types kept) or a bf16 model folder")
     p.add_argument("--synthetic-1b", action="store_true",
                    help="a 1B random-weight Llama (hidden 2048, 16 layers): speed and memory only; "
                         "builds ~5 GB of checkpoints once; well over 30 minutes")

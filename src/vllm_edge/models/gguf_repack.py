@@ -1,22 +1,28 @@
-"""GGUF (the families of :mod:`.gguf_families`) -> a ``cpu_int4`` g32 checkpoint, with 4-bit tensors repacked, not requantized.
+"""GGUF (the families of :mod:`.gguf_families`) -> a checkpoint that keeps llama.cpp's own codes:
+4-bit tensors as ``cpu_int4`` g32, 5-, 6- and 8-bit ones as ``cpu_int8``, mixed per layer as the
+file mixes them (``layer_formats`` in the quantization config).
 
 Every 2-D weight takes one route, recorded per tensor in ``repack_report.json``:
 
-- ``repack``: Q4_0, Q4_1 and Q4_K keep their integer codes; only the per-group scale and
-  offset are rounded to bf16 (:mod:`vllm_edge.quant.repack`, which states the bound). Each
-  repacked tensor is checked against gguf's own dequantization before it is written, and the
-  worst ratio to the bound is reported.
-- ``requantize``: a format that does not map (Q5_0, Q6_K, Q8_0, F16, ...) is dequantized with
-  gguf, rounded to bf16 as the bf16 import does, and quantized by the same quantizer as
-  ``vllm-edge quantize`` (its SNR against gguf's dequantization is reported);
-- ``bf16``: kept as gguf's dequantization rounded to bf16 (``requantize=False``, and the
-  embedding with ``keep_embedding``). vLLM fuses q/k/v and gate/up into one layer with one
-  method, so a bf16 tensor takes its fused siblings to bf16 too.
+- ``repack``: Q4_0, Q4_1 and Q4_K keep their integer codes as cpu_int4; only the per-group
+  scale and offset are rounded to bf16 (:mod:`vllm_edge.quant.repack`, which states the bound);
+- ``repack8``: Q8_0, Q6_K, Q5_0, Q5_1 and Q5_K keep their integer codes as cpu_int8; only the
+  scale and offset are rounded to fp16 (:mod:`vllm_edge.quant.repack8`, its bound). A 4-bit
+  tensor fused with one of these (vLLM runs q/k/v and gate/up as one layer, in one format) is
+  carried over with it, its codes kept too, at the smallest group of the layer;
+- ``bf16``: a float tensor (F16, BF16, F32) at its precision; gguf's dequantization of a type
+  whose codes are not kept with ``requantize=False``; the embedding with ``keep_embedding``. A
+  bf16 tensor takes its fused siblings to bf16 too.
+
+Each kept tensor is checked against gguf's own dequantization before it is written, and the
+worst ratio to its bound is reported. A type whose codes no route keeps (Q2_K, Q3_K, the IQ
+types, ...) is refused by name, unless ``requantize=False`` runs its dequantization in bf16.
 
 Norms and biases are written in bf16 (Gemma's norms less the 1 its GGUF adds). The q/k rows
-are put back in HF order for the families whose rope llama.cpp's convert permuted (Llama). The config and tokenizer come from transformers' reading of the
-GGUF metadata (no weights), as in :mod:`.gguf_import`; the header is validated there first
-by our own bounded reader.
+are put back in HF order for the families whose rope llama.cpp's convert permuted (Llama). A
+head tied to a quantized embedding stays tied: vLLM reads the one table, as llama.cpp does. The
+config and tokenizer come from transformers' reading of the GGUF metadata (no weights), as in
+:mod:`.gguf_import`; the header is validated there first by our own bounded reader.
 """
 
 from __future__ import annotations
@@ -32,12 +38,12 @@ from typing import Any
 from vllm_edge.common import atomic, manifest
 from vllm_edge.models import gguf_families, gguf_import
 from vllm_edge.models.gguf_import import GgufImportError
-from vllm_edge.quant.formats import cpu_int4
+from vllm_edge.quant.formats import cpu_int4, cpu_int8
 
 logger = logging.getLogger("vllm_edge.models")
 
 # Bump when the output changes, so cached repacks are redone.
-CONVERTER_VERSION = "gguf-repack/1"
+CONVERTER_VERSION = "gguf-repack/2"
 KIND = CONVERTER_VERSION.split("/")[0]
 REPORT_NAME = "repack_report.json"
 GROUP = 32
@@ -45,6 +51,8 @@ GROUP = 32
 _GLOBAL = {g: hf for g, (hf, _) in gguf_families.GLOBAL.items()}
 # vLLM loads these into one layer each (qkv_proj, gate_up_proj): one method for the group
 _FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+_FLOATS = ("F32", "F16", "BF16")
+_EIGHT = ("repack8",)
 
 
 class GgufRepackError(GgufImportError):
@@ -85,23 +93,36 @@ def _fused_group(name: str) -> list[str]:
 
 
 def plan_routes(types: dict[str, str], *, requantize: bool, keep_embedding: bool,
-                tied: bool) -> dict[str, tuple[str, str]]:
+                tied: bool, path: str = "?") -> dict[str, tuple[str, str]]:
     """HF weight name -> (route, why) for every 2-D weight, given its GGUF type name.
 
     Pure: the routes follow from the types and the options alone."""
-    from vllm_edge.quant.repack import FORMATS
+    from vllm_edge.quant import repack, repack8
 
     routes: dict[str, tuple[str, str]] = {}
+    refused = {}
     for name, t in types.items():
         if name == "model.embed_tokens.weight" and keep_embedding:
             routes[name] = ("bf16", "keep_embedding: the token embedding stays bf16"
                             + (" (the tied head reads it)" if tied else ""))
-        elif t in FORMATS:
-            routes[name] = ("repack", f"{t} maps onto cpu_int4 g32")
-        elif requantize:
-            routes[name] = ("requantize", f"{t} does not map onto 4-bit codes; quantized again at g32")
+        elif t in repack.FORMATS:
+            routes[name] = ("repack", f"{t} codes kept as {cpu_int4.NAME} g32")
+        elif t in repack8.FORMATS:
+            routes[name] = ("repack8", f"{t} codes kept as {cpu_int8.NAME} g{repack8.BLOCKS[t][2]}")
+        elif t in _FLOATS:
+            routes[name] = ("bf16", f"{t} kept at its precision, in bf16")
+        elif not requantize:
+            routes[name] = ("bf16", f"{t} codes are not kept; its dequantization runs in bf16 "
+                                    "(requantize=False)")
         else:
-            routes[name] = ("bf16", f"{t} does not map onto 4-bit codes; requantize=False keeps it bf16")
+            refused[name] = t
+    if refused:
+        name, t = next(iter(refused.items()))
+        raise GgufRepackError(
+            f"{path}: tensor {name} is {t}, a type whose codes vllm-edge does not keep "
+            f"({len(refused)} tensors: {', '.join(sorted(set(refused.values())))}); kept: "
+            f"{', '.join(repack.FORMATS + repack8.FORMATS + _FLOATS)}. Repack with "
+            "--no-requantize to run such tensors in bf16, or use a file of the kept types.")
     for name, (route, why) in list(routes.items()):
         if route != "bf16":
             continue
@@ -109,7 +130,24 @@ def plan_routes(types: dict[str, str], *, requantize: bool, keep_embedding: bool
             if sib != name and sib in routes and routes[sib][0] != "bf16":
                 routes[sib] = ("bf16", f"fused with {name[: -len('.weight')]}, which stays bf16 "
                                        f"({types[name]})")
+    for name, (route, why) in list(routes.items()):
+        if route not in _EIGHT:
+            continue
+        for sib in _fused_group(name):
+            if sib != name and routes.get(sib, ("",))[0] == "repack":
+                routes[sib] = ("repack8", f"{types[sib]} codes kept as {cpu_int8.NAME}: fused with "
+                                          f"{name[: -len('.weight')]} ({types[name]})")
     return routes
+
+
+def layer_groups(types: dict[str, str], routes: dict[str, tuple[str, str]]) -> dict[str, int]:
+    """The cpu_int8 group of every 8-bit weight: its type's, or the smallest of its fused layer
+    (parts of one vLLM layer share one group; repeating a scale is exact)."""
+    from vllm_edge.quant import repack8
+
+    own = {n: (repack8.BLOCKS[types[n]][2] if r == "repack8" and types[n] in repack8.BLOCKS else 32)
+           for n, (r, _) in routes.items() if r in _EIGHT}
+    return {n: min(own.get(s, g) for s in _fused_group(n)) for n, g in own.items()}
 
 
 def repack_gguf(src: str | os.PathLike, out: str | os.PathLike, *, requantize: bool = True,
@@ -152,9 +190,9 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
     from safetensors.torch import save_file
     from tqdm import tqdm
 
-    from vllm_edge.quant import pack, repack
+    from vllm_edge.quant import repack, repack8
     from vllm_edge.quant.formats.cpu_int4 import quantization_config as cpu_int4_config
-    from vllm_edge.quant.quantize import mean_bits_per_weight, snr_db
+    from vllm_edge.quant.quantize import mean_bits_per_weight
 
     started = time.time()
     config, gen_config, tok = _read_config(src, info)
@@ -168,7 +206,8 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
     names = {g: hf_name(src, g, fam) for g in tensors}
     types = {names[g]: t.tensor_type.name for g, t in tensors.items() if len(t.shape) == 2}
     routes = plan_routes(types, requantize=want["requantize"], keep_embedding=want["keep_embedding"],
-                         tied=tied)
+                         tied=tied, path=str(src))
+    groups = layer_groups(types, routes)
     # llama.cpp permuted the q/k rows of rope-permuted families only
     rows_order = {"self_attn.q_proj": heads, "self_attn.k_proj": kv_heads} if fam.rope_permuted else {}
 
@@ -192,67 +231,71 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
         entry: dict[str, Any] = {"name": name, "gguf_name": g, "gguf_type": t.tensor_type.name,
                                  "shape": [n, k], "route": route, "why": why}
         base = name[: -len(".weight")]
-        ref = np.array(gguf.quants.dequantize(t.data, t.tensor_type), np.float32).reshape(n, k)
-        if route == "repack":
-            raw = torch.from_numpy(np.array(t.data).view(np.uint8).reshape(n, -1))
-            try:
-                r = repack.decode(t.tensor_type.name, raw, k, g)
-                entry["max_error_over_bound"] = round(repack.check(r, torch.from_numpy(ref), g), 6)
-            except repack.RepackError as exc:
-                raise GgufRepackError(f"{src}: {exc}") from None
-            if order is not None:
-                r = r.take_rows(order)
-            parts = r.tensors()
-        else:
-            w = torch.from_numpy(ref)
-            if order is not None:
-                w = w[order]
-            w = w.to(torch.bfloat16)
-            if route == "bf16":
-                out_tensors[name] = w.contiguous()
-                parts = None
+        ref = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), np.float32).reshape(n, k))
+        ref_rows = ref[order] if order is not None else ref
+        parts = None
+        try:
+            if route in ("repack", "repack8"):
+                raw = torch.from_numpy(np.array(t.data).view(np.uint8).reshape(n, -1))
+                typ = t.tensor_type.name
+                if route == "repack":
+                    r = repack.decode(typ, raw, k, g)
+                    entry["max_error_over_bound"] = round(repack.check(r, ref, g), 6)
+                else:
+                    r = (repack8.from_int4(repack.decode(typ, raw, k, g)) if typ in repack.FORMATS
+                         else repack8.decode(typ, raw, k, g)).regroup(groups[name])
+                    entry["max_error_over_bound"] = round(repack8.check(r, ref, g), 6)
+                    entry["group"] = r.group
+                if order is not None:
+                    r = r.take_rows(order)
+                parts = r.tensors()
             else:
-                q, scale, zero = pack.quantize(w, GROUP)
-                parts = {"weight_packed": pack.pack_nibbles(q), "weight_scale": scale.contiguous(),
-                         "weight_zero": zero.contiguous()}
-                deq = pack.dequantize_plain(parts["weight_packed"], scale, zero, GROUP)
-                ref_rows = torch.from_numpy(ref)[order] if order is not None else torch.from_numpy(ref)
-                entry["snr_db"] = round(snr_db(ref_rows, deq), 3)
+                out_tensors[name] = ref_rows.to(torch.bfloat16).contiguous()
+        except (repack.RepackError, ValueError) as exc:
+            raise GgufRepackError(f"{src}: {exc}") from None
         if parts is not None:
             out_tensors.update({f"{base}.{s}": v for s, v in parts.items()})
             bits = sum(v.numel() * v.element_size() * 8 for v in parts.values())
         else:
             bits = n * k * 16
         entry["bits_per_weight"] = round(bits / (n * k), 4)
+        entry["gguf_bits_per_weight"] = round(t.n_bytes * 8 / (n * k), 4)
         report.append(entry)
 
     embed = routes["model.embed_tokens.weight"][0]
-    if tied and embed != "bf16":
-        # An untied head runs from the packed table; tied to a bf16 table it would stay bf16.
-        for s in ("weight_packed", "weight_scale", "weight_zero"):
-            out_tensors[f"lm_head.{s}"] = out_tensors[f"model.embed_tokens.{s}"].clone()
-        report.append({**next(e for e in report if e["name"] == "model.embed_tokens.weight"),
-                       "name": "lm_head.weight", "why": "the tied head, untied: a copy of the embedding"})
+    layer_formats = {name[: -len(".weight")]: {"format": cpu_int8.NAME, "group_size": groups[name]}
+                     for name, (r, _) in routes.items() if r in _EIGHT}
+    if tied and "model.embed_tokens" in layer_formats:
+        layer_formats["lm_head"] = layer_formats["model.embed_tokens"]  # the head reads the table
     skip = sorted({n[: -len(".weight")] for n, (r, _) in routes.items()
                    if r == "bf16" and n != "model.embed_tokens.weight"})
     qcfg = cpu_int4_config(GROUP, quantize_embedding=embed != "bf16", modules_to_not_convert=skip)
+    if layer_formats:
+        qcfg["layer_formats"] = dict(sorted(layer_formats.items()))
     config.quantization_config = qcfg
     config.architectures = [fam.hf_class]
-    config.tie_word_embeddings = tied and embed == "bf16"
+    # a tied head reads the embedding's own tensors, in whatever format they are
+    config.tie_word_embeddings = tied
     config.dtype = torch.bfloat16
 
     counts: dict[str, int] = {}
     for e in report:
         counts[e["route"]] = counts.get(e["route"], 0) + 1
+    ours = sum(e["bits_per_weight"] * e["shape"][0] * e["shape"][1] for e in report)
+    theirs = sum(e["gguf_bits_per_weight"] * e["shape"][0] * e["shape"][1] for e in report)
     summary = {
         "source": str(src), "gguf_types": sorted({e["gguf_type"] for e in report}),
         "group_size": GROUP, "requantize": want["requantize"], "keep_embedding": want["keep_embedding"],
-        "bound": {"eps": repack.EPS, "per_weight": "|ours - gguf| <= eps * (|q - 8| |scale| + |zero|), "
-                  "scale and zero exact (quant/repack.py)"},
+        "bound": {"repack": {"eps": repack.EPS, "per_weight": "|ours - gguf| <= eps * (|q - 8| |scale| "
+                             "+ |zero|), scale and zero exact (quant/repack.py)"},
+                  "repack8": {"eps": repack8.EPS, "tiny": repack8.TINY,
+                              "per_weight": "|ours - gguf| <= eps * (|c| |scale| + |zero|) + tiny * "
+                              "(|c| + 1), scale and zero exact (quant/repack8.py)"}},
         "max_error_over_bound": max((e["max_error_over_bound"] for e in report
                                      if "max_error_over_bound" in e), default=None),
         "routes": counts, "tied_head": tied,
         "bits_per_weight": mean_bits_per_weight(report),
+        "bytes_vs_gguf": round(ours / theirs, 4) if theirs else None,
         "seconds": round(time.time() - started, 1),
         "quantization_config": qcfg, "tensors": report,
     }

@@ -92,10 +92,11 @@ class Gguf(Source):
     def fit(self, scheme: str | None, name: str | None = None) -> Fit:
         fit = _fallback(scheme, name, [formats.DEFAULT], "a GGUF file") or Fit(scheme)
         if fit.scheme:
-            kept = ", ".join(k.split(":", 1)[1] for k in formats.get(fit.scheme).lossless
-                             if k.startswith("gguf:"))
-            fit.reasons.append(f"a GGUF file: its {kept} tensors are repacked into {fit.scheme} "
-                               f"g{DEFAULT_GROUP} with their 4-bit codes, other formats quantized again "
+            kept = "; ".join(f"{', '.join(k.split(':', 1)[1] for k in f.lossless if k.startswith('gguf:'))} "
+                             f"as {f.name}" for f in formats.all_formats()
+                             if any(k.startswith("gguf:") for k in f.lossless))
+            fit.reasons.append(f"a GGUF file: each tensor keeps its codes ({kept}; float tensors "
+                               "quantized to 8 bits), mixed per layer as the file mixes them "
                                "(docs/guide/quantize.md); built once, cached by the file's sha256")
         return fit
 
@@ -197,6 +198,12 @@ def resolve(arg: str) -> Source:
     if formats.taking(method) is not None:
         return QuantizedFolder(arg, path, config, method)
     return Stored(arg, path, config)
+
+
+def own_scheme(name: str) -> str | None:
+    """The format a measurement of ``name`` runs when none is asked for: a GGUF file runs its
+    own types (the repack keeps every tensor's codes), anything else runs as stored (bf16)."""
+    return formats.DEFAULT if store.is_gguf(str(name)) else None
 
 
 def ensure_model(name: str, scheme: str | None = None, group: int | None = None) -> Path:

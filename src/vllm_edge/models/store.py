@@ -150,13 +150,15 @@ def is_gguf(name: str) -> bool:
 def gguf_build_dir(source_sha256: str, scheme: str | None) -> Path:
     """Where a GGUF file's build is cached: keyed by its content, not its name or path (the
     manifest names the file it was made from)."""
-    kind = f"{formats.DEFAULT}-g{DEFAULT_GROUP}-repack" if scheme else "bf16"
+    # a repack keeps the file's own types, cpu_int4 and cpu_int8 mixed: named for neither
+    kind = "repack" if scheme else "bf16"
     return envs.home() / "models" / "gguf" / f"{source_sha256[:16]}-{kind}"
 
 
 def ensure_gguf(name: str, scheme: str | None = None) -> Path:
-    """The build of a GGUF file an engine loads: the default format repacks it (its 4-bit codes
-    kept, other formats quantized again), ``None`` imports it in bf16. Built once, in a child
+    """The build of a GGUF file an engine loads: the default format repacks it (every tensor's
+    codes kept, 4-bit ones as cpu_int4 and 5- to 8-bit ones as cpu_int8), ``None`` imports it in
+    bf16. Built once, in a child
     process, and cached under ``VLLM_EDGE_HOME`` by the file's sha256 and the converter."""
     from vllm_edge.models import gguf_import, gguf_repack
 

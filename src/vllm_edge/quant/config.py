@@ -44,6 +44,9 @@ class CpuInt4Config(QuantizationConfig):
       choice, so it is made at quantization time; the quantizer also lists the tower in
       ``modules_to_not_convert`` when false, which is what the loader acts on. Kept here
       so the choice is visible and part of the config vLLM hashes.
+    - ``layer_formats``: modules stored in another registered format, as
+      ``{module: {"format": name, "group_size": g}}`` (a GGUF file's 5-, 6- and 8-bit
+      tensors kept as ``cpu_int8``); the parts of a fused layer must agree.
     """
 
     def __init__(self, group_size: int = 128, quantize_embedding: bool = True,
@@ -52,7 +55,8 @@ class CpuInt4Config(QuantizationConfig):
                  direct_dequant: bool = True,
                  modules_to_not_convert: list[str] | None = None,
                  dequant_workspace_mb: int = ops.DEFAULT_WORKSPACE_MB,
-                 quantize_vision: bool | None = None) -> None:
+                 quantize_vision: bool | None = None,
+                 layer_formats: dict[str, dict[str, Any]] | None = None) -> None:
         super().__init__()
         if group_size not in GROUP_SIZES:
             raise ValueError(
@@ -74,6 +78,7 @@ class CpuInt4Config(QuantizationConfig):
         self.direct_dequant = bool(direct_dequant)
         self.modules_to_not_convert = list(modules_to_not_convert or [])
         self.quantize_vision = None if quantize_vision is None else bool(quantize_vision)
+        self.layer_formats = _layer_formats(layer_formats)
 
     def __repr__(self) -> str:
         return (f"CpuInt4Config(group_size={self.group_size}, quantize_embedding="
@@ -81,7 +86,8 @@ class CpuInt4Config(QuantizationConfig):
                 f"dequant_threshold={self.dequant_threshold}, direct_dequant={self.direct_dequant}, "
                 f"dequant_workspace_mb={self.dequant_workspace_mb}, "
                 f"modules_to_not_convert={self.modules_to_not_convert}, "
-                f"quantize_vision={self.quantize_vision})")
+                f"quantize_vision={self.quantize_vision}, "
+                f"layer_formats={len(self.layer_formats)} modules)")
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -96,6 +102,8 @@ class CpuInt4Config(QuantizationConfig):
         }
         if self.quantize_vision is not None:
             out["quantize_vision"] = self.quantize_vision
+        if self.layer_formats:
+            out["layer_formats"] = self.layer_formats
         return out
 
     @property
@@ -127,7 +135,7 @@ class CpuInt4Config(QuantizationConfig):
         known = {"quant_method", "group_size", "quantize_embedding", "prefill_dequant",
                  "dequant_threshold", "direct_dequant", "modules_to_not_convert", "bits",
                  "dequant_workspace_mb",
-                 "scheme", "version", "quantize_vision"}
+                 "scheme", "version", "quantize_vision", "layer_formats"}
         unknown = sorted(set(config) - known)
         if unknown:
             logger.warning("cpu_int4: ignoring unknown quantization_config keys %s", unknown)
@@ -150,6 +158,7 @@ class CpuInt4Config(QuantizationConfig):
             modules_to_not_convert=skip,
             dequant_workspace_mb=config.get("dequant_workspace_mb", ops.DEFAULT_WORKSPACE_MB),
             quantize_vision=_flag(config, "quantize_vision", None),
+            layer_formats=config.get("layer_formats"),
         )
 
     @classmethod
@@ -176,6 +185,34 @@ class CpuInt4Config(QuantizationConfig):
                 f"{sorted(p for p, s in states.items() if not s)} are not")
         return self._skipped_one(prefix) or all(states.values())
 
+    def _layer_format(self, prefix: str) -> dict[str, Any] | None:
+        """The ``layer_formats`` entry of a (possibly fused) layer, or None for cpu_int4."""
+        if not self.layer_formats:
+            return None
+        base, _, last = prefix.rpartition(".")
+        parts = self.packed_modules_mapping.get(last)
+        if not parts:
+            return self.layer_formats.get(prefix)
+        entries = {p: self.layer_formats.get(f"{base}.{p}" if base else p) for p in parts}
+        if len({repr(e) for e in entries.values()}) > 1:
+            raise ValueError(f"cpu_int4: layer_formats gives the parts of the fused layer {prefix} "
+                             f"different formats: {entries}")
+        return next(iter(entries.values()))
+
+    def _other_format(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+        if not prefix and not isinstance(layer, ParallelLMHead) and hasattr(layer, "org_vocab_size"):
+            # vLLM's Llama builds its input embedding without a prefix
+            prefix = next((m for m in self.layer_formats if m.rsplit(".", 1)[-1] == "embed_tokens"), "")
+        entry = self._layer_format(prefix)
+        if entry is None:
+            return None
+        from vllm_edge.quant import formats
+
+        cls = formats.get(entry["format"]).config_class()
+        return cls.for_group(entry["group_size"], self.packed_modules_mapping).get_quant_method(layer, prefix)
+
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
         from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
         from vllm.model_executor.layers.vocab_parallel_embedding import (
@@ -187,6 +224,10 @@ class CpuInt4Config(QuantizationConfig):
         from vllm_edge.quant.embedding import CpuInt4EmbeddingMethod
         from vllm_edge.quant.linear import CpuInt4LinearMethod
 
+        if isinstance(layer, (LinearBase, VocabParallelEmbedding)) and not self._skipped(prefix):
+            other = self._other_format(layer, prefix)
+            if other is not None:
+                return other
         if isinstance(layer, ParallelLMHead):
             if self._skipped(prefix):
                 return UnquantizedEmbeddingMethod()
@@ -200,6 +241,30 @@ class CpuInt4Config(QuantizationConfig):
                 return UnquantizedLinearMethod()
             return CpuInt4LinearMethod(self, prefix)
         return None
+
+
+def _layer_formats(value: Any) -> dict[str, dict[str, Any]]:
+    """``layer_formats`` checked: every entry names a registered format with a vLLM config
+    other than cpu_int4, and an integer group it takes."""
+    if value is None:
+        return {}
+    from vllm_edge.quant import formats
+
+    if not isinstance(value, dict):
+        raise ValueError(f"cpu_int4: quantization_config.layer_formats={value!r}; expected an "
+                         "object of module -> {format, group_size}")
+    out = {}
+    for module, entry in value.items():
+        name = entry.get("format") if isinstance(entry, dict) else None
+        group = entry.get("group_size") if isinstance(entry, dict) else None
+        where = f"cpu_int4: quantization_config.layer_formats[{module!r}]"
+        if name == NAME or name not in {f.name for f in formats.with_vllm_config()}:
+            raise ValueError(f"{where}.format={name!r}; expected one of "
+                             f"{[f.name for f in formats.with_vllm_config() if f.name != NAME]}")
+        if isinstance(group, bool) or not isinstance(group, int) or group not in formats.get(name).groups:
+            raise ValueError(f"{where}.group_size={group!r}; {name} takes {formats.get(name).groups}")
+        out[str(module)] = {"format": name, "group_size": group}
+    return out
 
 
 def _flag(config: dict[str, Any], key: str, default: bool | None) -> bool | None:

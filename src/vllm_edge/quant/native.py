@@ -89,38 +89,51 @@ def compiler_version(cc: str) -> str:
     return out.splitlines()[0] if out else ""
 
 
-def _build(cc: str, flags: list[str], out: Path) -> None:
+def _build(cc: str, flags: list[str], sources: tuple[Path, ...], out: Path) -> None:
     from vllm_edge.common import atomic
 
     with atomic.file_path(out) as tmp:
-        subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", str(tmp), *map(str, SOURCES)],
+        subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", str(tmp), *map(str, sources)],
                        check=True, capture_output=True, text=True, timeout=120)
+
+
+def build_and_load(stem: str, sources: tuple[Path, ...],
+                   flag_sets: tuple[list[str], ...] | list[list[str]] = _FLAG_SETS
+                   ) -> tuple[ctypes.CDLL | None, list[str]]:
+    """``sources`` built into one shared library under ``$VLLM_EDGE_HOME/kernels`` (the first
+    flag set that compiles) and loaded; ``(None, errors)`` when none does or there is no C
+    compiler. The cache key holds the sources, the compiler, the flags and the CPU's ISA
+    flags: ``-march=native`` code must not run on another CPU sharing the cache."""
+    from vllm_edge import envs
+
+    cc = _compiler()
+    if cc is None:
+        return None, ["no C compiler found"]
+    version = [v] if (v := compiler_version(cc)) else []
+    errors = []
+    for flags in flag_sets:
+        key = hashlib.sha256("\n".join([*(src.read_text() for src in sources), cc, *version, *flags,
+                                        platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
+        path = envs.home() / "kernels" / f"{stem}-{key}.so"
+        try:
+            if not path.exists():
+                _build(cc, flags, sources, path)
+            return ctypes.CDLL(str(path)), errors
+        except (OSError, subprocess.SubprocessError, EdgeError) as exc:  # EdgeError: cache not writable
+            err = getattr(exc, "stderr", "") or str(exc)
+            errors.append(f"{' '.join(flags)}: {err.strip()[-300:]}")
+    return None, errors
 
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The loaded kernel, built on first use; ``None`` (logged once) if it cannot be."""
-    from vllm_edge import envs
-
-    cc = _compiler()
-    if cc is None:
+    if _compiler() is None:
         logger.warning("cpu_int4: no C compiler found; multi-row batches dequantize with torch "
                        "ops (correct, slower dequantization)")
         return None
-    version = [v] if (v := compiler_version(cc)) else []
-    errors = []
-    for flags in _FLAG_SETS:
-        key = hashlib.sha256("\n".join([*(src.read_text() for src in SOURCES), cc, *version, *flags,
-                                        platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
-        path = envs.home() / "kernels" / f"int4-{key}.so"
-        try:
-            if not path.exists():
-                _build(cc, flags, path)
-            lib = ctypes.CDLL(str(path))
-        except (OSError, subprocess.SubprocessError, EdgeError) as exc:  # EdgeError: cache not writable
-            err = getattr(exc, "stderr", "") or str(exc)
-            errors.append(f"{' '.join(flags)}: {err.strip()[-300:]}")
-            continue
+    lib, errors = build_and_load("int4", SOURCES)
+    if lib is not None:
         signatures = {"edge_int4_dequant_blocks": (3, 5), "edge_int4_dequant_tail": (3, 3),
                       "edge_int4_dequant_team": (3, 7), "edge_int4_gather_rows": (4, 4)}
         for name, (pointers, ints) in signatures.items():

@@ -39,9 +39,14 @@ def _lp(v: Any) -> float:
 
 
 def chat_prompt_ids(tokenizer: Any, items: Sequence[dict] | None = None) -> list[list[int]]:
+    """The prompts as token ids: through the chat template, or, for a base model without one,
+    as a plain completion of the messages' text (with the BOS its tokenizer adds)."""
     items = P.fidelity_prompts() if items is None else items
     out = []
     for p in items:
+        if not getattr(tokenizer, "chat_template", None):
+            out.append(list(tokenizer("\n".join(m["content"] for m in p["messages"])).input_ids))
+            continue
         ids = tokenizer.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True)
         if hasattr(ids, "keys"):  # BatchEncoding in newer transformers
             ids = ids["input_ids"]

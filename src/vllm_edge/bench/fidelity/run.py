@@ -7,6 +7,8 @@ is off, since a cached prefix returns no prompt log-probs, and
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +70,11 @@ def run(model: str, save_ref: str | None = None, ref: str | None = None, out: st
         group: int = DEFAULT_GROUP) -> dict:
     from vllm_edge.bench import prompts as P
     from vllm_edge.common import atomic, provenance
-    from vllm_edge.models.resolver import ensure_model
+    from vllm_edge.models.resolver import ensure_model, own_scheme
 
     if (save_ref is None) == (ref is None):
         raise ValueError("give exactly one of --save-ref DIR or --ref DIR")
+    quant = quant or own_scheme(model)
     path = Path(ensure_model(model, quant, group if quant else None))
     build = f"{path.name} ({dtype}, {'eager' if enforce_eager else 'compiled'})"
     if ref is not None:
@@ -90,6 +93,7 @@ def run(model: str, save_ref: str | None = None, ref: str | None = None, out: st
                             prompt_ids=prompt_ids, chunks=chunks)
     del llm
     prov = provenance.collect(model=path)
+    repack = _repack_summary(path)
     if save_ref is not None:
         fidelity.save_reference(save_ref, data, meta={"model": str(path), "build": build,
                                                       "greedy_tokens": greedy_tokens,
@@ -103,4 +107,21 @@ def run(model: str, save_ref: str | None = None, ref: str | None = None, out: st
                   "reference_build": reference["meta"].get("build"),
                   "reference_model": reference["meta"].get("model"), **scored,
                   "chunks": len(chunks), "engine": edge.describe(), "provenance": prov}
+    if repack:
+        result["repack"] = repack
     return atomic.write_result(out, result)
+
+
+def _repack_summary(path: Path) -> dict | None:
+    """What a GGUF repack build kept of its file (types, routes, bytes against the file's), so
+    a same-file comparison says what ran; None for any other build."""
+    from vllm_edge.models.gguf_repack import REPORT_NAME
+
+    try:
+        report = json.loads((path / REPORT_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return {"source": Path(str(report.get("source", ""))).name, "gguf_types": report.get("gguf_types"),
+            "routes": report.get("routes"), "bits_per_weight": report.get("bits_per_weight"),
+            "bytes_vs_gguf": report.get("bytes_vs_gguf"),
+            "max_error_over_bound": report.get("max_error_over_bound")}

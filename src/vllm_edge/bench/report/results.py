@@ -92,6 +92,16 @@ def _tg_key(metrics: dict) -> str | None:
     return keys[0] if keys else None
 
 
+def _kept(a: Artifact) -> str:
+    """What a GGUF repack build kept of its file, as its fidelity artifact records it."""
+    rp = a.data.get("repack")
+    if not isinstance(rp, dict) or not rp.get("routes"):
+        return "–"
+    routes = ", ".join(f"{k} {v}" for k, v in sorted(rp["routes"].items()))
+    ratio = rp.get("bytes_vs_gguf")
+    return f"{routes} ({ratio}×)" if ratio is not None else routes
+
+
 def _fidelity_for(model_name: str, fid: list[Artifact]) -> Artifact | None:
     """The latest fidelity artifact of this checkpoint scored against vLLM's bf16 (by
     provenance timestamp); one scored against llama.cpp's reference answers another question."""
@@ -308,10 +318,11 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
     if fid:
         for n, (host, group) in enumerate(by_host(fid)):
             rows = [[a.build, a.data.get("reference_build") or "–",
-                     *[a.data.get(part, {}).get(key) for part, key, _ in FIDELITY_COLS], flag_cell(a.flags()),
-                     f"`{a.source}`"] for a in group]
-            lines += host_table(host, ["build", "reference", *[c for _, _, c in FIDELITY_COLS], "flags",
-                                       "artifact"], rows, [a.host for a in group])
+                     *[a.data.get(part, {}).get(key) for part, key, _ in FIDELITY_COLS], _kept(a),
+                     flag_cell(a.flags()), f"`{a.source}`"] for a in group]
+            lines += host_table(host, ["build", "reference", *[c for _, _, c in FIDELITY_COLS],
+                                       "GGUF routes (bytes vs file)", "flags", "artifact"],
+                                rows, [a.host for a in group])
             lines += ["", source_line(group), ""]
             lines += [f"![fidelity per build, {host}]({plot('fidelity', group, n, plot_fidelity)})", "",
                       source_line(group), ""]

@@ -1,0 +1,234 @@
+/* cpu_int8: signed 8-bit codes with an fp16 scale and offset per group of input columns,
+ * w[n][k] = q[n][k] * s[n][k / g] + z[n][k / g]; activations and outputs in bf16.
+ *
+ * The product reads each weight row once for up to ROWS activation rows: 16 codes at a time
+ * are widened to fp32, scaled, and multiplied into one accumulator per activation row
+ * (AVX-512; AVX2 takes 8 at a time; any other CPU runs the portable loop). The offset term
+ * needs only the activation's sum over each group, computed once per call.
+ *
+ * Plain C, no torch headers: built by quant/int8.py with the system compiler.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__F16C__) || defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#define ROWS 8
+#define MAX_GROUP 256
+
+static inline float h2f(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else {  /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            bits = sign | (exp << 23) | ((man & 0x3FF) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+static inline float bf2f(uint16_t b) {
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t f2bf(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7F800000u) == 0x7F800000u && (bits & 0x7FFFFFu))
+        return (uint16_t)((bits >> 16) | 0x40);  /* NaN stays NaN */
+    bits += 0x7FFFu + ((bits >> 16) & 1u);  /* round to nearest, ties to even */
+    return (uint16_t)(bits >> 16);
+}
+
+int edge_int8_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#if defined(__AVX512F__)
+/* One activation row: four accumulators, so the FMA latency is not the bound. Inlined with a
+ * constant group where it is 16 or 32, so finding a chunk's scale is a shift. */
+static inline __attribute__((always_inline)) float dot1_512(const int8_t *qr, const uint16_t *sr,
+                                                            const float *xf, int64_t k, int64_t g) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t j = 0;
+#define EDGE_W(at) _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32( \
+        _mm_loadu_si128((const __m128i *)(qr + (at))))), _mm512_set1_ps(h2f(sr[(at) / g])))
+    for (; j + 64 <= k; j += 64) {
+        a0 = _mm512_fmadd_ps(EDGE_W(j), _mm512_loadu_ps(xf + j), a0);
+        a1 = _mm512_fmadd_ps(EDGE_W(j + 16), _mm512_loadu_ps(xf + j + 16), a1);
+        a2 = _mm512_fmadd_ps(EDGE_W(j + 32), _mm512_loadu_ps(xf + j + 32), a2);
+        a3 = _mm512_fmadd_ps(EDGE_W(j + 48), _mm512_loadu_ps(xf + j + 48), a3);
+    }
+    for (; j < k; j += 16) a0 = _mm512_fmadd_ps(EDGE_W(j), _mm512_loadu_ps(xf + j), a0);
+#undef EDGE_W
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+#endif
+
+/* tot[i] = sum over k of x[i][k] * w[k] for one weight row and mm <= ROWS activation rows.
+ * The scale is folded into the widened codes (one multiply per 16 weights) so each row keeps
+ * one vector accumulator and reduces once; the offset needs only xs, the group sums. */
+static void row_dot(const int8_t *qr, const uint16_t *sr, const uint16_t *zr, const float *xf,
+                    const float *xs, float *tot, int64_t mm, int64_t k, int64_t g) {
+    const int64_t ng = k / g;
+    for (int64_t i = 0; i < mm; i++) tot[i] = 0.f;
+#if defined(__AVX512F__)
+    if (g % 16 == 0) {
+        if (mm == 1) {  /* decode */
+            float t = g == 32 ? dot1_512(qr, sr, xf, k, 32)
+                    : g == 16 ? dot1_512(qr, sr, xf, k, 16) : dot1_512(qr, sr, xf, k, g);
+            if (zr)
+                for (int64_t gi = 0; gi < ng; gi++) t += h2f(zr[gi]) * xs[gi];
+            tot[0] = t;
+            return;
+        }
+        __m512 acc[ROWS];
+        for (int64_t i = 0; i < mm; i++) acc[i] = _mm512_setzero_ps();
+        for (int64_t gi = 0; gi < ng; gi++) {
+            const __m512 sc = _mm512_set1_ps(h2f(sr[gi]));
+            for (int64_t j = gi * g; j < (gi + 1) * g; j += 16) {
+                const __m128i c = _mm_loadu_si128((const __m128i *)(qr + j));
+                const __m512 w = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c)), sc);
+                for (int64_t i = 0; i < mm; i++)
+                    acc[i] = _mm512_fmadd_ps(w, _mm512_loadu_ps(xf + i * k + j), acc[i]);
+            }
+            if (zr) {
+                const float zc = h2f(zr[gi]);
+                for (int64_t i = 0; i < mm; i++) tot[i] += zc * xs[i * ng + gi];
+            }
+        }
+        for (int64_t i = 0; i < mm; i++) tot[i] += _mm512_reduce_add_ps(acc[i]);
+        return;
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    if (g % 8 == 0) {
+        __m256 acc[ROWS];
+        for (int64_t i = 0; i < mm; i++) acc[i] = _mm256_setzero_ps();
+        for (int64_t gi = 0; gi < ng; gi++) {
+            const __m256 sc = _mm256_set1_ps(h2f(sr[gi]));
+            for (int64_t j = gi * g; j < (gi + 1) * g; j += 8) {
+                const __m128i c = _mm_loadl_epi64((const __m128i *)(qr + j));
+                const __m256 w = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), sc);
+                for (int64_t i = 0; i < mm; i++)
+                    acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xf + i * k + j), acc[i]);
+            }
+            if (zr) {
+                const float zc = h2f(zr[gi]);
+                for (int64_t i = 0; i < mm; i++) tot[i] += zc * xs[i * ng + gi];
+            }
+        }
+        for (int64_t i = 0; i < mm; i++) {
+            __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[i]), _mm256_extractf128_ps(acc[i], 1));
+            v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+            v = _mm_add_ss(v, _mm_movehdup_ps(v));
+            tot[i] += _mm_cvtss_f32(v);
+        }
+        return;
+    }
+#endif
+    /* portable: any group size, any CPU */
+    for (int64_t gi = 0; gi < ng; gi++) {
+        const float sc = h2f(sr[gi]), zc = zr ? h2f(zr[gi]) : 0.f;
+        for (int64_t i = 0; i < mm; i++) {
+            const float *xp = xf + i * k + gi * g;
+            float d = 0.f;
+            for (int64_t j = 0; j < g; j++) d += (float)qr[gi * g + j] * xp[j];
+            tot[i] += sc * d + zc * xs[i * ng + gi];
+        }
+    }
+}
+
+/* y[m][n] (bf16) = x[m][k] (bf16) . w[n][k]^T; z may be NULL (symmetric codes).
+ * Returns 0, or 1 when the shapes are not ones it takes (nothing written). */
+int edge_int8_gemv(const int8_t *q, const uint16_t *s, const uint16_t *z, const uint16_t *x,
+                   uint16_t *y, int64_t m, int64_t n, int64_t k, int64_t g, int64_t threads) {
+    if (g < 1 || g > MAX_GROUP || k % g || m < 1 || n < 1) return 1;
+    const int64_t ng = k / g;
+    float *xf = malloc(sizeof(float) * (size_t)(m * k));
+    float *xs = malloc(sizeof(float) * (size_t)(m * ng));
+    if (!xf || !xs) { free(xf); free(xs); return 1; }
+    for (int64_t i = 0; i < m * k; i++) xf[i] = bf2f(x[i]);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t gi = 0; gi < ng; gi++) {
+            const float *xp = xf + i * k + gi * g;
+            float t = 0.f;
+            for (int64_t j = 0; j < g; j++) t += xp[j];
+            xs[i * ng + gi] = t;
+        }
+    (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads((int)(threads > 0 ? threads : 1)) schedule(static)
+#endif
+    for (int64_t r = 0; r < n; r++) {
+        const int8_t *qr = q + r * k;
+        const uint16_t *sr = s + r * ng, *zr = z ? z + r * ng : NULL;
+        for (int64_t m0 = 0; m0 < m; m0 += ROWS) {
+            const int64_t mm = m - m0 < ROWS ? m - m0 : ROWS;
+            float tot[ROWS];
+            row_dot(qr, sr, zr, xf + m0 * k, xs + m0 * ng, tot, mm, k, g);
+            for (int64_t i = 0; i < mm; i++) y[(m0 + i) * n + r] = f2bf(tot[i]);
+        }
+    }
+    free(xf);
+    free(xs);
+    return 0;
+}
+
+static void dequant_row(const int8_t *qr, const uint16_t *sr, const uint16_t *zr, uint16_t *out,
+                        int64_t k, int64_t g) {
+    for (int64_t gi = 0; gi < k / g; gi++) {
+        const float sc = h2f(sr[gi]), zc = zr ? h2f(zr[gi]) : 0.f;
+        for (int64_t j = 0; j < g; j++) out[gi * g + j] = f2bf((float)qr[gi * g + j] * sc + zc);
+    }
+}
+
+/* rows [r0, r1) of w as row-major bf16 into out[r1 - r0][k] */
+int edge_int8_dequant(const int8_t *q, const uint16_t *s, const uint16_t *z, uint16_t *out,
+                      int64_t r0, int64_t r1, int64_t k, int64_t g, int64_t threads) {
+    if (g < 1 || k % g || r1 < r0) return 1;
+    const int64_t ng = k / g;
+    (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads((int)(threads > 0 ? threads : 1)) schedule(static)
+#endif
+    for (int64_t r = r0; r < r1; r++)
+        dequant_row(q + r * k, s + r * ng, z ? z + r * ng : NULL, out + (r - r0) * k, k, g);
+    return 0;
+}
+
+/* out[i] = row ids[i] of w (an embedding lookup); ids are checked by the caller */
+int edge_int8_gather(const int8_t *q, const uint16_t *s, const uint16_t *z, const int64_t *ids,
+                     uint16_t *out, int64_t count, int64_t k, int64_t g) {
+    if (g < 1 || k % g) return 1;
+    const int64_t ng = k / g;
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t r = ids[i];
+        dequant_row(q + r * k, s + r * ng, z ? z + r * ng : NULL, out + i * k, k, g);
+    }
+    return 0;
+}

@@ -1,0 +1,128 @@
+"""The ``cpu_int8`` linear method: checkpoint-layout 8-bit weights loaded through vLLM's shard
+loaders, every tensor validated, and run by the custom op of :mod:`.int8_ops`.
+
+Checkpoint tensors per linear ``<prefix>``: ``weight_int8`` int8 [N, K], ``weight_scale`` and
+``weight_zero`` fp16 [N, K / group] (:mod:`.int8`). The layout is the runtime layout: nothing
+is repacked after loading. An all-zero offset (the quantizer's symmetric codes, llama.cpp's
+Q8_0, Q5_0 and Q6_K) is dropped at load, so the product does not read it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch.nn import Parameter
+from vllm.model_executor.layers.linear import LinearMethodBase
+from vllm.model_executor.utils import set_weight_attrs
+
+from vllm_edge.quant import int8_ops
+from vllm_edge.quant.linear import _QKV_INDEX, CheckpointError, _expected_rows
+
+PARAMS = ("weight_int8", "weight_scale", "weight_zero")
+
+
+class Int8WeightsMixin:
+    """create/validate shared by the linear and the embedding methods."""
+
+    def __init__(self, quant_config, prefix: str = "") -> None:
+        self.quant_config = quant_config
+        self.prefix = prefix
+
+    def checkpoint_name(self, shard_id: Any, param: str) -> str:
+        base, _, last = self.prefix.rpartition(".")
+        parts = self.quant_config.packed_modules_mapping.get(last)
+        if shard_id is not None and parts:
+            idx = _QKV_INDEX.get(shard_id, shard_id) if isinstance(shard_id, str) else shard_id
+            if isinstance(idx, tuple):
+                idx = idx[0]
+            last = parts[idx]
+        return f"{base}.{last}.{param}" if base else f"{last}.{param}"
+
+    def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
+                       output_partition_sizes: list[int], input_size: int, output_size: int,
+                       params_dtype: torch.dtype, **extra_weight_attrs) -> None:
+        int8_ops.register()
+        self.params_dtype = params_dtype
+        group = self.quant_config.group_size
+        n, k = sum(output_partition_sizes), input_size_per_partition
+        if k % group:
+            raise CheckpointError(
+                f"cpu_int8: {self.prefix} has {k} input columns per rank, not a multiple of the "
+                f"group {group}" + (f" (tensor parallel splits its {input_size} columns)"
+                                    if k != input_size else ""))
+        specs = {
+            "weight_int8": torch.zeros(n, k, dtype=torch.int8),
+            # zeros, not empty: rows past the vocabulary (a rank's padding) are never loaded,
+            # and the finiteness check must not trip on leftover memory
+            "weight_scale": torch.zeros(n, k // group, dtype=torch.float16),
+            "weight_zero": torch.zeros(n, k // group, dtype=torch.float16),
+        }
+        layer.cpu_int8_loaded = {name: set() for name in specs}
+        layer.cpu_int8_input_size = input_size
+        loader = extra_weight_attrs["weight_loader"]
+        for name, data in specs.items():
+            p = Parameter(data, requires_grad=False)
+            set_weight_attrs(p, {"input_dim": 1, "output_dim": 0,
+                                 "weight_loader": self._checked_loader(layer, name, loader)})
+            layer.register_parameter(name, p)
+
+    def _checked_loader(self, layer: torch.nn.Module, name: str, loader: Callable) -> Callable:
+        group = self.quant_config.group_size
+
+        def load(param: Parameter, loaded: torch.Tensor, shard_id: Any = None, *args, **kwargs):
+            where = self.checkpoint_name(shard_id, name)
+            k_full = layer.cpu_int8_input_size
+            rows = _expected_rows(layer, shard_id)
+            if name == "weight_int8":
+                cols, dtypes, what = k_full, (torch.int8,), f"int8 [rows, {k_full}]"
+            else:
+                cols, dtypes = k_full // group, (torch.float16,)
+                what = f"float16 [rows, {cols}] (K={k_full} in groups of {group})"
+            if loaded.dim() != 2 or tuple(loaded.shape) != (rows, cols) or loaded.dtype not in dtypes:
+                raise CheckpointError(f"cpu_int8 checkpoint tensor {where}: expected {what} with "
+                                      f"rows={rows}, got {loaded.dtype} {list(loaded.shape)}")
+            layer.cpu_int8_loaded[name].add(shard_id)
+            if shard_id is None:
+                return loader(param, loaded, *args, **kwargs)
+            return loader(param, loaded, shard_id, *args, **kwargs)
+
+        return load
+
+    def finish(self, layer: torch.nn.Module) -> None:
+        """Check every shard arrived and the scales are finite; drop an all-zero offset."""
+        shards: list[Any] = [None]
+        if hasattr(layer, "total_num_kv_heads"):
+            shards = ["q", "k", "v"]
+        elif len(getattr(layer, "output_sizes", []) or []) > 1:
+            shards = list(range(len(layer.output_sizes)))
+        missing = []
+        for name in PARAMS:
+            got = layer.cpu_int8_loaded[name]
+            if None not in got:
+                missing += [self.checkpoint_name(s, name) for s in shards if s not in got]
+        if missing:
+            raise CheckpointError("cpu_int8 checkpoint is missing tensor(s): " + ", ".join(missing)
+                                  + " (every 8-bit linear needs weight_int8, weight_scale and weight_zero)")
+        del layer.cpu_int8_loaded
+        for name in ("weight_scale", "weight_zero"):
+            if not torch.isfinite(getattr(layer, name).data).all():
+                raise CheckpointError(f"{self.prefix}.{name}: holds NaN or inf values; the "
+                                      "checkpoint is damaged, build it again")
+        layer.cpu_int8_group = self.quant_config.group_size
+        if not layer.weight_zero.data.any():
+            del layer.weight_zero
+            layer.weight_zero = None
+
+    def matmul(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return int8_ops.linear(x, layer.weight_int8, layer.weight_scale, layer.weight_zero,
+                               layer.cpu_int8_group, bias=bias)
+
+
+class CpuInt8LinearMethod(Int8WeightsMixin, LinearMethodBase):
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        self.finish(layer)
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+        return self.matmul(layer, x, bias)

@@ -1,0 +1,83 @@
+"""The ``cpu_int8`` linear and embedding as vLLM custom ops.
+
+Batches up to :data:`GEMV_ROWS` rows run the native product straight from the codes (each
+weight row read once per 8 activation rows); larger ones dequantize the layer to bf16 once
+and run a bf16 GEMM, which pays the widening once instead of once per 8 rows. The choice
+depends on the row count, so it is made inside an opaque op: dynamo never specialises or
+guards on the batch size. The fake impls only compute shapes.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import torch
+
+from vllm_edge.quant import int8
+
+OP_NAME = "edge_cpu_int8_linear"
+EMBED_OP_NAME = "edge_cpu_int8_embedding"
+# Above this many rows a dequantize + bf16 GEMM reads the weight once; below, the product
+# reads it ceil(rows / 8) times but skips the bf16 copy (decode, and speculative verify).
+GEMV_ROWS = 16
+
+_lock = threading.Lock()
+_registered = False
+
+
+def linear_impl(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: Optional[torch.Tensor],
+                group: int) -> torch.Tensor:
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    out = None
+    if x2.shape[0] <= GEMV_ROWS and x.dtype == torch.bfloat16:
+        out = int8.gemv(x2, q, scale, zero, group)
+    if out is None:
+        w = int8.dequantize_bf16(q, scale, zero, group)
+        out = torch.nn.functional.linear(x2, w.to(x.dtype))
+    return out.view(*x.shape[:-1], q.shape[0])
+
+
+def _linear_fake(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: Optional[torch.Tensor],
+                 group: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], q.shape[0]))
+
+
+def embedding_impl(ids: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+                   zero: Optional[torch.Tensor], group: int) -> torch.Tensor:
+    return int8.gather_rows(q, scale, zero, group, ids).view(*ids.shape, q.shape[1])
+
+
+def _embedding_fake(ids: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+                    zero: Optional[torch.Tensor], group: int) -> torch.Tensor:
+    return ids.new_empty((*ids.shape, q.shape[1]), dtype=torch.bfloat16)
+
+
+def register() -> None:
+    """Define the ops in vLLM's library once per process."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        from vllm.utils.torch_utils import direct_register_custom_op
+
+        direct_register_custom_op(OP_NAME, linear_impl, mutates_args=[], fake_impl=_linear_fake)
+        direct_register_custom_op(EMBED_OP_NAME, embedding_impl, mutates_args=[],
+                                  fake_impl=_embedding_fake)
+        _registered = True
+
+
+def linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+           group: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if not _registered:  # no lock on the hot path: dynamo cannot trace one
+        register()
+    out = getattr(torch.ops.vllm, OP_NAME)(x, q, scale, zero, group)
+    return out if bias is None else out + bias
+
+
+def embedding(ids: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+              group: int) -> torch.Tensor:
+    if not _registered:
+        register()
+    return getattr(torch.ops.vllm, EMBED_OP_NAME)(ids, q, scale, zero, group)

@@ -44,7 +44,7 @@ def chat_prompt_ids(tokenizer: Any, items: Sequence[dict] | None = None) -> list
     items = P.fidelity_prompts() if items is None else items
     out = []
     for p in items:
-        if not getattr(tokenizer, "chat_template", None):
+        if hasattr(tokenizer, "chat_template") and not tokenizer.chat_template:
             out.append(list(tokenizer("\n".join(m["content"] for m in p["messages"])).input_ids))
             continue
         ids = tokenizer.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True)

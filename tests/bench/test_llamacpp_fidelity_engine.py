@@ -46,8 +46,9 @@ def _fidelity(*args):
 
 def test_llama_cpp_is_the_reference_of_a_vllm_build_of_the_same_file(tmp_path, default_model_dir):
     """`fidelity --engine llama.cpp` saves llama.cpp on the shipped Q4_1 file as the reference;
-    vLLM's repack of that file (4-bit codes kept, the Q8_0 embedding/head in bf16) follows it,
-    and the build that quantizes the head again to 4 bits, scored the same way, is further off."""
+    vLLM's repack of that file (every code kept: Q4_1 as cpu_int4, the Q8_0 embedding and tied
+    head as cpu_int8) follows it, and the build that quantizes the bf16 import again to 4 bits,
+    head included, scored the same way, is further off."""
     need_llama_cpp()
     from vllm_edge.models import store
 
@@ -58,10 +59,10 @@ def test_llama_cpp_is_the_reference_of_a_vllm_build_of_the_same_file(tmp_path, d
     itself = _fidelity("--engine", "llama.cpp", "--model", "default", "--ref", str(ref))
     assert itself["top1_agreement"] == 1.0 and itself["kl_mean"] < 1e-9 and itself["exact_matches"] == 12
 
-    lossless = store.prepare_repacked("default", keep_embedding=True, progress=False)
-    four_bit_head = store.prepare_repacked("default", progress=False)
+    lossless = store.prepare_repacked("default", progress=False)
+    four_bit_head = store.prepare_quantized("default", "cpu_int4", 32, progress=False)
     a = _fidelity("--ref", str(ref), "--model", str(lossless), "--enforce-eager")
     b = _fidelity("--ref", str(ref), "--model", str(four_bit_head), "--enforce-eager")
-    print(f"vs llama.cpp Q4_1: repack+bf16 head {a}; repack {b}")
+    print(f"vs llama.cpp Q4_1: repack (codes kept) {a}; requantized cpu_int4 {b}")
     assert a["top1_agreement"] >= TOP1_SAME_FILE
     assert a["kl_mean"] < b["kl_mean"] / 5 and a["top1_agreement"] > b["top1_agreement"]

@@ -37,6 +37,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Iterator
 
+from vllm_edge.common.errors import EdgeError
+
 # What vLLM compiles as a JSON schema, a regex or a grammar, by the key that holds it.
 JSON_KEYS = frozenset({"schema", "parameters", "input_schema", "json", "guided_json"})
 REGEX_KEYS = frozenset({"regex", "guided_regex"})
@@ -49,7 +51,7 @@ IDLE_STOP_S = 300.0
 WORKER_MODULE = "vllm_edge.serving.gate_compile"
 
 
-class CompileRefused(Exception):
+class CompileRefused(EdgeError):
     def __init__(self, message: str, param: str | None) -> None:
         super().__init__(message)
         self.param = param

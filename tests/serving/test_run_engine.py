@@ -24,7 +24,16 @@ def test_answers_paris(result):
 def test_one_process_with_patches_applied(result):
     (worker,) = result["worker"]
     assert worker["pid"] == result["pid"]  # engine core and worker live in the run process
-    assert set(worker["patches"].values()) == {"applied"}
+    # every patch applied, but those whose switch is off in the shipped defaults (and the
+    # run's environment): those report "disabled"
+    import importlib
+
+    from vllm_edge import envs, patches
+
+    declared = [importlib.import_module(f"vllm_edge.patches.{m}").PATCH for m in patches.PATCH_MODULES]
+    off = {p.name for p in declared if not envs.get(p.env_switch)}
+    assert {n for n, s in worker["patches"].items() if s != "applied"} == off
+    assert all(worker["patches"][n] == "disabled" for n in off)
     assert worker["isa_probe"] in ("recorded", "remembered", "failed-isa"), worker["isa_probe"]
     assert worker["gc_freeze"].startswith("froze "), worker["gc_freeze"]
     assert result["engine"]["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"

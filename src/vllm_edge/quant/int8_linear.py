@@ -17,7 +17,7 @@ from vllm.model_executor.layers.linear import LinearMethodBase
 from vllm.model_executor.utils import set_weight_attrs
 
 from vllm_edge.quant import int8_ops
-from vllm_edge.quant.linear import _QKV_INDEX, CheckpointError, _expected_rows
+from vllm_edge.quant.linear import CheckpointError, _expected_rows, checkpoint_name, expected_shards
 
 PARAMS = ("weight_int8", "weight_scale", "weight_zero")
 
@@ -30,14 +30,7 @@ class Int8WeightsMixin:
         self.prefix = prefix
 
     def checkpoint_name(self, shard_id: Any, param: str) -> str:
-        base, _, last = self.prefix.rpartition(".")
-        parts = self.quant_config.packed_modules_mapping.get(last)
-        if shard_id is not None and parts:
-            idx = _QKV_INDEX.get(shard_id, shard_id) if isinstance(shard_id, str) else shard_id
-            if isinstance(idx, tuple):
-                idx = idx[0]
-            last = parts[idx]
-        return f"{base}.{last}.{param}" if base else f"{last}.{param}"
+        return checkpoint_name(self.quant_config, self.prefix, shard_id, param)
 
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
                        output_partition_sizes: list[int], input_size: int, output_size: int,
@@ -91,11 +84,7 @@ class Int8WeightsMixin:
 
     def finish(self, layer: torch.nn.Module) -> None:
         """Check every shard arrived and the scales are finite; drop an all-zero offset."""
-        shards: list[Any] = [None]
-        if hasattr(layer, "total_num_kv_heads"):
-            shards = ["q", "k", "v"]
-        elif len(getattr(layer, "output_sizes", []) or []) > 1:
-            shards = list(range(len(layer.output_sizes)))
+        shards = expected_shards(layer)
         missing = []
         for name in PARAMS:
             got = layer.cpu_int8_loaded[name]

@@ -61,6 +61,27 @@ def _expected_rows(layer: torch.nn.Module, shard_id: Any) -> int:
     return layer.output_sizes[shard_id]
 
 
+def checkpoint_name(quant_config, prefix: str, shard_id: Any, param: str) -> str:
+    """The checkpoint tensor a shard of the (possibly fused) layer ``prefix`` loads, for messages."""
+    base, _, last = prefix.rpartition(".")
+    parts = quant_config.packed_modules_mapping.get(last)
+    if shard_id is not None and parts:
+        idx = _QKV_INDEX.get(shard_id, shard_id) if isinstance(shard_id, str) else shard_id
+        if isinstance(idx, tuple):
+            idx = idx[0]
+        last = parts[idx]
+    return f"{base}.{last}.{param}" if base else f"{last}.{param}"
+
+
+def expected_shards(layer: torch.nn.Module) -> list[Any]:
+    """The shard ids every parameter of ``layer`` must be loaded for (``None``: unfused)."""
+    if hasattr(layer, "total_num_kv_heads"):
+        return ["q", "k", "v"]
+    if len(getattr(layer, "output_sizes", None) or []) > 1:
+        return list(range(len(layer.output_sizes)))
+    return [None]
+
+
 class Int4WeightsMixin:
     """create/validate/repack shared by the linear and the embedding methods."""
 
@@ -70,14 +91,7 @@ class Int4WeightsMixin:
 
     # --- names for error messages ---------------------------------------------------
     def checkpoint_name(self, shard_id: Any, param: str) -> str:
-        base, _, last = self.prefix.rpartition(".")
-        parts = self.quant_config.packed_modules_mapping.get(last)
-        if shard_id is not None and parts:
-            idx = _QKV_INDEX.get(shard_id, shard_id) if isinstance(shard_id, str) else shard_id
-            if isinstance(idx, tuple):
-                idx = idx[0]
-            last = parts[idx]
-        return f"{base}.{last}.{param}" if base else f"{last}.{param}"
+        return checkpoint_name(self.quant_config, self.prefix, shard_id, param)
 
     # --- weights ---------------------------------------------------------------------
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
@@ -153,11 +167,7 @@ class Int4WeightsMixin:
         return load
 
     def _check_complete(self, layer: torch.nn.Module) -> None:
-        shards: list[Any] = [None]
-        if hasattr(layer, "total_num_kv_heads"):
-            shards = ["q", "k", "v"]
-        elif hasattr(layer, "output_sizes") and len(getattr(layer, "output_sizes", [])) > 1:
-            shards = list(range(len(layer.output_sizes)))
+        shards = expected_shards(layer)
         missing = []
         for name in PARAMS:
             got = layer.cpu_int4_loaded[name]

@@ -113,6 +113,18 @@ def _fp16(b: torch.Tensor, at: int, name: str, what: str) -> torch.Tensor:
     return v
 
 
+def k_scales(b: torch.Tensor, at: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 8 six-bit (scale, min) pairs of a K-quant block, packed in 12 bytes at ``at`` (Q4_K,
+    Q5_K), as int64 [..., 8]."""
+    s = b[..., at:at + 12].to(torch.int64)
+    lo, hi, last = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    # sub-blocks 0..3 keep their 6 bits in bytes 0..3 (scale) and 4..7 (min); 4..7 keep
+    # their low 4 bits in bytes 8..11 and their top 2 bits in the spare top bits of 0..7
+    sc = torch.cat((lo & 63, (last & 0xF) | ((lo >> 6) << 4)), dim=-1)
+    mn = torch.cat((hi & 63, (last >> 4) | ((hi >> 6) << 4)), dim=-1)
+    return sc, mn
+
+
 def _split_nibbles(qs: torch.Tensor) -> torch.Tensor:
     """[..., 16 or 32 bytes] -> [..., 2, bytes]: all low nibbles, then all high nibbles
     (GGUF puts weight i in the low nibble of byte i and weight i + bytes in its high one)."""
@@ -133,13 +145,7 @@ def decode(fmt: str, raw: torch.Tensor, k: int, name: str = "?") -> Repacked:
         return Repacked(codes.reshape(n, k), d, m + 8 * d)
     # Q4_K: d, dmin, 12 bytes of packed 6-bit (scale, min) for 8 sub-blocks, 128 bytes of codes
     d, dmin = _fp16(b, 0, name, "d").unsqueeze(-1), _fp16(b, 2, name, "dmin").unsqueeze(-1)
-    s = b[..., 4:16].to(torch.int64)
-    lo, hi = s[..., 0:4], s[..., 4:8]
-    last = s[..., 8:12]
-    # sub-blocks 0..3 keep their 6 bits in bytes 0..3 (scale) and 4..7 (min); 4..7 keep
-    # their low 4 bits in bytes 8..11 and their top 2 bits in the spare top bits of 0..7
-    sc = torch.cat((lo & 63, (last & 0xF) | ((lo >> 6) << 4)), dim=-1)
-    mn = torch.cat((hi & 63, (last >> 4) | ((hi >> 6) << 4)), dim=-1)
+    sc, mn = k_scales(b, 4)
     scale = d * sc
     zero = 8 * scale - dmin * mn
     # 128 bytes = 4 runs of 32: run r holds sub-block 2r (low nibbles) and 2r + 1 (high)
@@ -170,6 +176,14 @@ def check(r: Repacked, reference: torch.Tensor, name: str = "?", *, source: str 
     """Largest ``|ours - reference| / (EPS * M)`` over the tensor; raises ``error`` when any
     weight is outside its bound. ``reference`` is the source format's own dequantization
     (``source`` names it in the message), [N, K]."""
+    return check_rows(r, reference, dequantize, bound, name, source=source, error=error)
+
+
+def check_rows(r, reference: torch.Tensor, dequantize_rows, bound_rows, name: str, *, source: str,
+               error: type[EdgeError]) -> float:
+    """The check of any repacked form ``r`` (with ``codes`` [N, K] and ``take_rows``) against
+    ``reference``, a block of rows at a time: largest ``|ours - reference| / bound``, or
+    ``error`` naming the first weight outside its bound."""
     ref_all = torch.as_tensor(reference)
     if ref_all.shape != r.codes.shape:
         raise error(f"tensor {name}: reference shape {list(ref_all.shape)}, repacked "
@@ -178,11 +192,11 @@ def check(r: Repacked, reference: torch.Tensor, name: str = "?", *, source: str 
     step = max(1, _CHECK_ELEMENTS // max(k, 1))
     worst = 0.0
     for r0 in range(0, n, step):
-        part = Repacked(r.codes[r0:r0 + step], r.scale[r0:r0 + step], r.zero[r0:r0 + step], r.group)
+        part = r.take_rows(slice(r0, r0 + step))
         ref = ref_all[r0:r0 + step].to(torch.float64)
-        ours = dequantize(part).to(torch.float64)
+        ours = dequantize_rows(part).to(torch.float64)
         err = (ours - ref).abs()
-        lim = bound(part)
+        lim = bound_rows(part)
         over = err > lim
         if over.any():
             i, j = over.nonzero()[0].tolist()

@@ -110,15 +110,6 @@ def _bits(qh: torch.Tensor, count: int) -> torch.Tensor:
     return ((qh.unsqueeze(-1) >> shifts) & 1).reshape(*qh.shape[:-1], -1)[..., :count]
 
 
-def _k_scales(b: torch.Tensor, at: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The 8 six-bit (scale, min) pairs packed in 12 bytes at ``at`` (Q4_K and Q5_K)."""
-    s = b[..., at:at + 12].to(torch.int64)
-    lo, hi, last = s[..., 0:4], s[..., 4:8], s[..., 8:12]
-    sc = torch.cat((lo & 63, (last & 0xF) | ((lo >> 6) << 4)), dim=-1)
-    mn = torch.cat((hi & 63, (last >> 4) | ((hi >> 6) << 4)), dim=-1)
-    return sc, mn
-
-
 def decode(fmt: str, raw: torch.Tensor, k: int, name: str = "?") -> Repacked8:
     """Raw GGUF bytes of one [N, K] tensor in ``fmt`` -> :class:`Repacked8`."""
     b = _blocks(fmt, raw, k, name)
@@ -137,7 +128,7 @@ def decode(fmt: str, raw: torch.Tensor, k: int, name: str = "?") -> Repacked8:
         return Repacked8(codes.to(torch.int8).reshape(n, k), d, zero, group)
     if fmt == "Q5_K":
         d, dmin = _fp16(b, 0, name, "d").unsqueeze(-1), _fp16(b, 2, name, "dmin").unsqueeze(-1)
-        sc, mn = _k_scales(b, 4)
+        sc, mn = repack.k_scales(b, 4)
         qh = b[..., 16:48]                                       # [n, blocks, 32]
         # 128 bytes = 4 runs of 32: run r holds sub-block 2r (low nibbles) and 2r + 1 (high);
         # byte l of qh holds the fifth bit of weight l of sub-block j in its bit j
@@ -177,32 +168,8 @@ def bound(r: Repacked8) -> torch.Tensor:
     return EPS * (c * s + z) + TINY * (c + 1)
 
 
-# rows per pass of the check: float64 copies of a 262144 x 640 embedding would take gigabytes
-_CHECK_ELEMENTS = 1 << 22
-
-
 def check(r: Repacked8, reference: torch.Tensor, name: str = "?", *, source: str = "gguf",
           error: type[EdgeError] = RepackError) -> float:
     """Largest ``|ours - reference| / bound`` over the tensor; raises ``error`` when any weight
     is outside its bound. ``reference`` is the source type's own dequantization, [N, K]."""
-    ref_all = torch.as_tensor(reference)
-    if ref_all.shape != r.codes.shape:
-        raise error(f"tensor {name}: reference shape {list(ref_all.shape)}, repacked {list(r.codes.shape)}")
-    n, k = r.codes.shape
-    step = max(1, _CHECK_ELEMENTS // max(k, 1))
-    worst = 0.0
-    for r0 in range(0, n, step):
-        part = r.take_rows(slice(r0, r0 + step))
-        ref = ref_all[r0:r0 + step].to(torch.float64)
-        ours = dequantize(part).to(torch.float64)
-        err = (ours - ref).abs()
-        lim = bound(part)
-        over = err > lim
-        if over.any():
-            i, j = over.nonzero()[0].tolist()
-            raise error(f"tensor {name}: weight ({r0 + i}, {j}) repacks to {float(ours[i, j]):.9g}, "
-                        f"{source} gives {float(ref[i, j]):.9g}: off by {float(err[i, j]):.3g}, "
-                        f"over the bound {float(lim[i, j]):.3g}")
-        if err.numel():
-            worst = max(worst, float((err / lim).max()))
-    return worst
+    return repack.check_rows(r, reference, dequantize, bound, name, source=source, error=error)

@@ -90,7 +90,7 @@ def _zero_ptr(zero: torch.Tensor | None) -> int | None:
 def gemv(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
          group: int) -> torch.Tensor | None:
     """``x2 @ W^T`` (bf16 ``[M, N]``) for bf16 ``x2`` ``[M, K]``, reading each weight row once
-    per 16 activation rows; ``None`` when the kernel cannot take it. ``zero`` None: symmetric."""
+    per 8 activation rows (the C kernel's ROWS); ``None`` when the kernel cannot take it. ``zero`` None: symmetric."""
     lib = library()
     if lib is None or x2.dtype != torch.bfloat16 or scale.dtype != torch.float16:
         return None

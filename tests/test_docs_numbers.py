@@ -230,6 +230,8 @@ def test_a_changed_agent_artifact_changes_the_table(tmp_path):
 
 def test_the_build_of_a_served_weights_directory():
     assert guide_tables.build_name("/x/models/smollm2-135m-cpu_int4-g32") == "cpu_int4 g32"
+    assert guide_tables.build_name("/x/models/smollm2-135m-cpu_int4-g32-repack") == \
+        "cpu_int4 g32, the GGUF's codes"
     assert guide_tables.build_name("/x/models/smollm2-135m-bf16") == "bf16"
     assert guide_tables.build_name("/x/models/other") == "other"
 

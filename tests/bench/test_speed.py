@@ -152,11 +152,11 @@ def test_metric_line_holds_only_metrics():
                     "tg8_tps": 20.0, "load_s": 3.0, "peak_rss_anon_mb": 700.0}
 
 
-def test_quant_picks_the_cached_quantized_build(default_model_dir, default_int4_dir):
+def test_quant_picks_the_build_run_runs(default_model_dir, default_repacked_dir):
     from vllm_edge.models import store
 
     path = speed.model_path(SpeedConfig(quant="cpu_int4", group=DEFAULT_GROUP))
-    assert path == default_int4_dir == store.quantized_dir(store.resolve_key("default"), "cpu_int4", DEFAULT_GROUP)
+    assert path == default_repacked_dir == store.embedded_dir("default", "cpu_int4", DEFAULT_GROUP)
     assert json.loads((path / "config.json").read_text())["quantization_config"]["quant_method"] == "cpu_int4"
     assert speed.model_path(SpeedConfig()) == default_model_dir
 

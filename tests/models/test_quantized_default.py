@@ -1,4 +1,6 @@
-"""The default model's cached cpu_int4 build (`models prepare --quant`) and how `run` reaches it.
+"""The default model's cached builds (`models prepare --quant`) and how `run` reaches them: the
+default format at its GGUF's block width is the repack of the file (its own codes), any other
+format or group quantizes the bf16 conversion.
 
 A tiny synthetic Llama stands in for the bf16 conversion; nothing here loads vLLM.
 """
@@ -65,24 +67,48 @@ def test_run_quantizes_in_a_child_process_only_when_needed(fake_bf16, monkeypatc
     """The first use builds in a spawned child (a real one: the quantizer runs there, on the
     bf16 directory on disk); a second use finds the build and starts nothing."""
     monkeypatch.setattr(store, "source_gguf", lambda m: "x.gguf")
-    target = resolver.ensure_model("default", "cpu_int4", 32)
-    assert target == store.quantized_dir(store.resolve_key("default"))
-    assert store.quantized_ready("default", "cpu_int4", 32) and manifest.problem(target) is None
+    target = resolver.ensure_model("default", "cpu_int4", 64)
+    assert target == store.quantized_dir(store.resolve_key("default"), "cpu_int4", 64)
+    assert store.quantized_ready("default", "cpu_int4", 64) and manifest.problem(target) is None
     assert manifest.read(target)["source"] == str(fake_bf16)
 
     def no_child(*a, **k):
         raise AssertionError("a cached build must not be prepared again")
 
     monkeypatch.setattr(child, "run", no_child)
+    assert resolver.ensure_model("default", "cpu_int4", 64) == target
+
+
+def test_the_default_format_runs_the_files_own_codes(tmp_path, monkeypatch):
+    """cpu_int4 at group 32 (what `run` picks) is the repack of the package's GGUF, built in a
+    child once, and no bf16 conversion or requantization is made for it."""
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path / "home"))
+    for group in (32, None):
+        target = resolver.ensure_model("default", "cpu_int4", group)
+        assert target == store.repacked_dir(store.resolve_key("default")) == \
+            store.embedded_dir("default", "cpu_int4", group)
+    assert [p.name for p in (tmp_path / "home" / "models").iterdir() if not p.name.startswith(".")] \
+        == [target.name]  # no bf16 conversion, no requantized build
+    report = json.loads((target / "repack_report.json").read_text())
+    routes = {t["name"]: t["route"] for t in report["tensors"]}
+    assert routes.pop("model.embed_tokens.weight") == "repack8"  # Q8_0, in 8 bits
+    assert set(routes.values()) == {"repack"}, report["routes"]  # every Q4_1 matrix, in 4 bits
+    assert store.repacked_ready("default")
+
+    def no_child(*a, **k):
+        raise AssertionError("a cached build must not be prepared again")
+
+    monkeypatch.setattr(child, "run", no_child)
     assert resolver.ensure_model("default", "cpu_int4", 32) == target
+    assert resolver.resolve("default").fit("cpu_int4").reasons, "run says why the file's codes"
 
 
 def test_cli_prepare_quant(fake_bf16, capsys):
     from vllm_edge.cli import main
 
-    assert main(["models", "prepare", "default", "--quant", "cpu_int4"]) == 0
+    assert main(["models", "prepare", "default", "--quant", "cpu_int4", "--group", "64"]) == 0
     out = capsys.readouterr().out.strip()
-    assert out.endswith("smollm2-135m-cpu_int4-g32") and store.quantized_ready("default")
+    assert out.endswith("smollm2-135m-cpu_int4-g64") and store.quantized_ready("default", group=64)
 
 
 def test_a_failed_first_use_prepare_is_a_clear_error(fake_bf16, monkeypatch):

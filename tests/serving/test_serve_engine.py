@@ -80,7 +80,7 @@ def test_health_and_models(server):
     ids = [m["id"] for m in models["data"]]
     assert ids == ["smollm2-135m", "default"]
     assert models["data"][0]["max_model_len"] == 2048
-    assert models["data"][0]["root"].endswith("smollm2-135m-cpu_int4-g32")
+    assert models["data"][0]["root"].endswith("smollm2-135m-cpu_int4-g32-repack")
 
 
 def test_openai_client_chat(client):
@@ -319,5 +319,5 @@ def test_agent_run_records_the_served_build(server, tmp_path):
     data = json.loads(out.read_text())
     assert data["summary"]["runs"] == 1 and len(data["runs"][0]["actions"]) <= 1
     served = data["provenance"]["server_model"]
-    assert served["root"].endswith("smollm2-135m-cpu_int4-g32") and served["max_model_len"] == 2048
+    assert served["root"].endswith("smollm2-135m-cpu_int4-g32-repack") and served["max_model_len"] == 2048
     assert "fewer than 3 runs" in r.stdout + r.stderr

@@ -86,12 +86,13 @@ def _score(ask: Callable[[str], str], prompts, samples: int) -> dict[str, Any]:
             "france": {"coherent": france["coherent"], "asked": france["asked"]}, "prompts": rows}
 
 
-def vllm_arm(model: str, quant: str, sampling: dict[str, Any], max_tokens: int) -> Callable[[str], str]:
+def vllm_arm(model: str, quant: str, sampling: dict[str, Any], max_tokens: int,
+             system: str | None = SYSTEM) -> Callable[[str], str]:
     from vllm_edge.serving import chat, keepalive
 
     rec, _ = keepalive.ensure(model, quant, 600, {})
     name = keepalive.served_name(rec)
-    settings = chat.Settings(max_tokens=max_tokens, system=SYSTEM, **sampling)
+    settings = chat.Settings(max_tokens=max_tokens, system=system, **sampling)
 
     def ask(prompt: str) -> str:
         return chat.stream_answer(rec.url, name, chat.turn([{"role": "user", "content": prompt}], settings),
@@ -102,19 +103,27 @@ def vllm_arm(model: str, quant: str, sampling: dict[str, Any], max_tokens: int) 
 def server_defaults(model: str, quant: str) -> dict[str, Any]:
     from vllm_edge.serving import keepalive
 
+    import httpx
+
     rec, _ = keepalive.ensure(model, quant, 600, {})
     st = keepalive.status(rec.port, token=rec.token) or {}
-    return {"values": st.get("sampling"), "source": st.get("sampling_source")}
+    # the build the server loaded: the same model argument may name another build after a change
+    served = httpx.get(f"{rec.url}/v1/models", headers=rec.headers, trust_env=False, timeout=10).json()
+    root = served["data"][0].get("root") if served.get("data") else None
+    return {"values": st.get("sampling"), "source": st.get("sampling_source"),
+            "build": Path(root).name if root else None}
 
 
-def llamacpp_arm(gguf: Path, sampling: dict[str, Any], max_tokens: int) -> tuple[Callable[[str], str], Any]:
+def llamacpp_arm(gguf: Path, sampling: dict[str, Any], max_tokens: int,
+                 system: str | None = SYSTEM) -> tuple[Callable[[str], str], Any]:
     from llama_cpp import Llama
 
     llm = Llama(model_path=str(gguf), n_ctx=2048, verbose=False, seed=int(time.time()))
 
     def ask(prompt: str) -> str:
-        out = llm.create_chat_completion([{"role": "system", "content": SYSTEM},
-                                          {"role": "user", "content": prompt}],
+        # no system message: the file's chat template puts in its own default, as in vLLM
+        first = [{"role": "system", "content": system}] if system else []
+        out = llm.create_chat_completion(first + [{"role": "user", "content": prompt}],
                                          max_tokens=max_tokens, **sampling)
         return out["choices"][0]["message"]["content"] or ""
     return ask, llm
@@ -123,7 +132,10 @@ def llamacpp_arm(gguf: Path, sampling: dict[str, Any], max_tokens: int) -> tuple
 def run(model: str = "default", *, gguf: str | None = None, samples: int = 3, france: int = 10,
         max_tokens: int = 256, arms: tuple[str, ...] = ("vllm-defaults", "vllm-chat-before",
                                                        "llamacpp-python", "llamacpp-server"),
-        out: str | None = None, say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+        out: str | None = None, say: Callable[[str], None] = lambda _: None,
+        system: str | None = SYSTEM) -> dict[str, Any]:
+    """``system``: the system message every arm sends (None: none, so each engine applies the
+    chat template's own default)."""
     from vllm_edge.common import atomic, provenance
     from vllm_edge.models import store
 
@@ -132,7 +144,7 @@ def run(model: str = "default", *, gguf: str | None = None, samples: int = 3, fr
     prompts = PROMPTS
     result: dict[str, Any] = {"benchmark": "sampling_defaults", "model": model, "gguf": gguf and Path(gguf).name,
                               "samples_per_prompt": samples, "france_asked": france,
-                              "max_tokens": max_tokens, "system": SYSTEM,
+                              "max_tokens": max_tokens, "system": system,
                               "judge": "names one of the prompt's words, has no non-ASCII letter and "
                                        "repeats no 4-word run 3 times",
                               "arms": {}}
@@ -141,15 +153,15 @@ def run(model: str = "default", *, gguf: str | None = None, samples: int = 3, fr
         t0 = time.time()
         llm = None
         if arm == "vllm-defaults":
-            ask = vllm_arm(model, "auto", {}, max_tokens)
+            ask = vllm_arm(model, "auto", {}, max_tokens, system)
             result["server_defaults"] = server_defaults(model, "auto")
         elif arm == "vllm-chat-before":
-            ask = vllm_arm(model, "auto", OLD_CHAT, max_tokens)
+            ask = vllm_arm(model, "auto", OLD_CHAT, max_tokens, system)
         elif arm in ("llamacpp-python", "llamacpp-server"):
             if not gguf:
                 continue
             ask, llm = llamacpp_arm(Path(gguf), {} if arm == "llamacpp-python" else LLAMACPP_SERVER,
-                                    max_tokens)
+                                    max_tokens, system)
         else:
             raise ValueError(f"unknown arm {arm!r}")
         try:

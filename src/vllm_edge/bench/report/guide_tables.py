@@ -59,10 +59,14 @@ def build_name(root: str | None) -> str:
     name = Path(str(root or "")).name
     if not name:
         return "?"
+    # a repack of a GGUF keeps the file's codes (the default model's build)
+    repack = name.endswith("-repack")
+    name = name.removesuffix("-repack")
     for quant in (CPU_INT4, GPTQ):
         if f"-{quant}" in name:
             group = name.rsplit("-", 1)[-1]
-            return f"{quant} {group}" if group.startswith("g") and group[1:].isdigit() else quant
+            built = f"{quant} {group}" if group.startswith("g") and group[1:].isdigit() else quant
+            return f"{built}, the GGUF's codes" if repack else built
     return "bf16" if name.endswith("-bf16") else name
 
 

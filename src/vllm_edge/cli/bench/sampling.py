@@ -20,6 +20,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=3, help="answers per prompt and arm")
     p.add_argument("--france", type=int, default=10, help="times the capital-of-France question is asked")
     p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--system", default=None,
+                   help="the system message every arm sends ('' for none: each engine applies the "
+                        "chat template's own default; default: run's)")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     add_out(p, default="benchmarks/results/sampling/defaults.json")
 
@@ -35,8 +38,9 @@ def run(args: argparse.Namespace) -> int:
                          f"choose from {', '.join(ARMS)}")
     if args.samples < 1 or args.france < 1 or args.max_tokens < 1:
         raise UsageError("--samples, --france and --max-tokens must be at least 1")
+    system = sampling_defaults.SYSTEM if args.system is None else args.system or None
     result = sampling_defaults.run(args.model, gguf=args.gguf, samples=args.samples, france=args.france,
-                                   max_tokens=args.max_tokens, arms=arms, out=args.out,
+                                   max_tokens=args.max_tokens, arms=arms, out=args.out, system=system,
                                    say=lambda m: print(f"[bench sampling] {m}", file=sys.stderr))
     print(json.dumps({arm: {"coherent": f"{a['coherent']}/{a['asked']}",
                             "france": f"{a['france']['coherent']}/{a['france']['asked']}"}

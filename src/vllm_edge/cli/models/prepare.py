@@ -15,7 +15,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", nargs="?", default="default",
                    help="embedded model key, 'default', or a Hugging Face model folder")
     p.add_argument("--force", action="store_true", help="convert again even if cached")
-    add_quant(p, help="also quantize it (cached beside the bf16 directory); a folder needs it")
+    add_quant(p, help="also build it in this format (cached beside the bf16 directory; an embedded "
+                          "model's cpu_int4 at group 32 keeps its GGUF's codes); a folder needs it")
     add_group(p)
 
 
@@ -28,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
                                           "--quant cpu_int4 to build it for this CPU")
         path = store.prepare_folder(args.name, args.quant, args.group, force=args.force)
     elif args.quant:
-        path = store.prepare_quantized(args.name, args.quant, args.group, force=args.force)
+        path = store.prepare_embedded(args.name, args.quant, args.group, force=args.force)
     else:
         path = store.prepare(args.name, force=args.force)
     print(path)

@@ -1,0 +1,53 @@
+"""`vllm-edge bench server`: the keep-alive server's start to first token and its memory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+
+from vllm_edge.cli.args import add_out
+
+NAME = "server"
+HELP = "the keep-alive server run starts: spawn to first token (warm caches) and RssAnon per process"
+ENV_WORD = re.compile(r"^[A-Z_][A-Z0-9_]*=")
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default="default")
+    p.add_argument("--arm", action="append", default=None, metavar="NAME:WORDS",
+                   help="an arm: a name, a colon, then vLLM flags and NAME=VALUE environment words "
+                        "(e.g. 'b512:--max-num-batched-tokens 512'); repeat; default: one arm, "
+                        "the shipped settings")
+    p.add_argument("--passes", type=int, default=3, help="warm passes per arm (after one that may compile)")
+    p.add_argument("--enforce-eager", action="store_true", help="start the servers without torch.compile")
+    add_out(p, default="benchmarks/results/server_start.json")
+
+
+def parse_arm(text: str) -> tuple[str, dict]:
+    from vllm_edge.common.errors import UsageError
+
+    name, sep, words = text.partition(":")
+    if not sep or not name.strip():
+        raise UsageError(f"--arm {text!r}: expected NAME:WORDS (WORDS may be empty)")
+    try:
+        tokens = shlex.split(words)
+    except ValueError as exc:
+        raise UsageError(f"--arm {text!r}: {exc}") from None
+    env = dict(t.split("=", 1) for t in tokens if ENV_WORD.match(t))
+    return name.strip(), {"extra": [t for t in tokens if not ENV_WORD.match(t)], "env": env}
+
+
+def run(args: argparse.Namespace) -> int:
+    from vllm_edge.bench import server_start
+    from vllm_edge.common.errors import UsageError
+
+    if args.passes < 1:
+        raise UsageError(f"--passes {args.passes}: must be at least 1")
+    arms = dict(parse_arm(a) for a in (args.arm or ["shipped:"]))
+    result = server_start.run(args.model, arms=arms, passes=args.passes, enforce_eager=args.enforce_eager,
+                              out=args.out, say=lambda m: print(f"[bench server] {m}", file=sys.stderr))
+    print(json.dumps({name: a["median"] for name, a in result["arms"].items()}, indent=2))
+    return 0

@@ -79,6 +79,8 @@ _STEP = "grid/step_core/summary.json"
 _STEP_LEVERS = "grid/step_levers/summary.json"
 _CMP_1B = "compare_1b/speed/summary.json"
 _X = "{:.2f}×"
+_SAMPLING = "sampling/defaults.json"
+_SERVER = "server_start.json"
 
 CLAIMS: tuple[Claim, ...] = (
     # Start-up: the aot_cache patch (docs/design/patches.md)
@@ -144,6 +146,23 @@ CLAIMS: tuple[Claim, ...] = (
           ("teacher_forced", "kl_mean"), "{:.3f}"),
     Claim("Fidelity (default model, against its bf16)", "first-token agreement", "fidelity_default_cpu_int4.json",
           ("greedy", "first_token_agreement"), "{:.2f}"),
+    # The default path (docs/guide/run.md): answers at the chat's defaults, the keep-alive server
+    Claim("Default path: coherent answers at the default sampling", "20 prompts, vLLM at the served defaults",
+          _SAMPLING, ("arms", "vllm-defaults", "coherent"), "{}"),
+    Claim("Default path: coherent answers at the default sampling", "20 prompts, llama-cpp-python defaults, same file",
+          _SAMPLING, ("arms", "llamacpp-python", "coherent"), "{}"),
+    Claim("Default path: coherent answers at the default sampling", "20 prompts, llama.cpp server defaults, same file",
+          _SAMPLING, ("arms", "llamacpp-server", "coherent"), "{}"),
+    Claim("Default path: coherent answers at the default sampling", "capital of France, vLLM at the served defaults",
+          _SAMPLING, ("arms", "vllm-defaults", "france", "coherent"), "{}"),
+    Claim("Default path: coherent answers at the default sampling", "capital of France, llama-cpp-python defaults",
+          _SAMPLING, ("arms", "llamacpp-python", "france", "coherent"), "{}"),
+    Claim("Default path: coherent answers at the default sampling", "capital of France, llama.cpp server defaults",
+          _SAMPLING, ("arms", "llamacpp-server", "france", "coherent"), "{}"),
+    Claim("Default path: the keep-alive server", "RssAnon of the server's processes, warm (median)",
+          _SERVER, ("arms", "shipped", "median", "server_rss_anon_mb"), "{:.0f} MB", target=("<=", 700)),
+    Claim("Default path: the keep-alive server", "spawn to first token, warm caches (median)",
+          _SERVER, ("arms", "shipped", "median", "first_token_s"), "{:.1f} s", target=("<=", 10)),
     # serve (docs/guide/serve.md)
     Claim("serve soak", "requests in the soak", "soak_10min.json", ("requests",), "{}"),
     Claim("serve soak", "HTTP 5xx", "soak_10min.json", ("http_5xx",), "{}"),

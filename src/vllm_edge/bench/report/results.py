@@ -424,7 +424,7 @@ FAMILY_COMMANDS = {
     "security": "python scripts/security_probes.py", "toolcalls": "vllm-edge bench toolcalls",
     "soak": "vllm-edge bench soak", "init-memory": "vllm-edge bench init-memory",
     "int4-micro": "vllm-edge bench int4-micro", "npu": "vllm-edge bench npu",
-    "first-token": "vllm-edge bench first-token",
+    "first-token": "vllm-edge bench first-token", "server_start": "vllm-edge bench server",
 }
 
 

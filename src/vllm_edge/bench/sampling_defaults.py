@@ -103,15 +103,10 @@ def vllm_arm(model: str, quant: str, sampling: dict[str, Any], max_tokens: int,
 def server_defaults(model: str, quant: str) -> dict[str, Any]:
     from vllm_edge.serving import keepalive
 
-    import httpx
-
     rec, _ = keepalive.ensure(model, quant, 600, {})
     st = keepalive.status(rec.port, token=rec.token) or {}
-    # the build the server loaded: the same model argument may name another build after a change
-    served = httpx.get(f"{rec.url}/v1/models", headers=rec.headers, trust_env=False, timeout=10).json()
-    root = served["data"][0].get("root") if served.get("data") else None
     return {"values": st.get("sampling"), "source": st.get("sampling_source"),
-            "build": Path(root).name if root else None}
+            "build": keepalive.served_build(rec)}
 
 
 def llamacpp_arm(gguf: Path, sampling: dict[str, Any], max_tokens: int,

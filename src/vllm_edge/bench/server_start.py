@@ -80,6 +80,7 @@ def one_pass(model: str, extra: list[str], env: dict[str, str], enforce_eager: b
         if not started:
             raise RuntimeError(f"a server for {model} was running: stop it first")
         ttft, answer = _first_token_s(rec, keepalive.served_name(rec))
+        build = keepalive.served_build(rec)
         first_token_s = ready_s + ttft
         time.sleep(SETTLE_S)
         mem = memory(rec.pid)
@@ -91,7 +92,7 @@ def one_pass(model: str, extra: list[str], env: dict[str, str], enforce_eager: b
                 os.environ[k] = v
     keepalive.stop(rec)
     return {"ready_s": round(ready_s, 2), "first_token_s": round(first_token_s, 2),
-            "answer": answer[:80], "loadavg": round(os.getloadavg()[0], 2), **mem}
+            "build": build, "answer": answer[:80], "loadavg": round(os.getloadavg()[0], 2), **mem}
 
 
 def run(model: str = "default", *, arms: dict[str, dict[str, Any]], passes: int = 3,
@@ -122,6 +123,9 @@ def run(model: str = "default", *, arms: dict[str, dict[str, Any]], passes: int 
                          for k in ("ready_s", "first_token_s", "server_rss_anon_mb")} if runs else {}
         arm["range"] = {k: [min(r[k] for r in runs), max(r[k] for r in runs)]
                         for k in ("first_token_s", "server_rss_anon_mb")} if runs else {}
+    # the build the passes served (the same model argument may name another build later)
+    result["build"] = next((r["build"] for a in result["arms"].values() for r in a["runs"] if r.get("build")),
+                           None)
     result["provenance"] = provenance.collect(model=None, threads=None)
     if out:
         atomic.write_json(out, result)

@@ -312,11 +312,23 @@ def _reap(pid: int) -> None:
         pass
 
 
-def served_name(rec: Record) -> str:
+def _served_model(rec: Record) -> dict[str, Any]:
+    """The first entry of the server's /v1/models."""
     import httpx
 
     try:
         return httpx.get(rec.url + "/v1/models", timeout=10, headers=rec.headers,
-                         trust_env=False).json()["data"][0]["id"]
+                         trust_env=False).json()["data"][0]
     except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
         raise KeepAliveError(f"the server on port {rec.port} did not list its model ({exc})") from None
+
+
+def served_name(rec: Record) -> str:
+    return _served_model(rec)["id"]
+
+
+def served_build(rec: Record) -> str | None:
+    """The directory name of the build the server loaded (its model's root): what a
+    measurement through the server ran, when a model argument can name another build later."""
+    root = _served_model(rec).get("root")
+    return Path(root).name if root else None

@@ -147,17 +147,17 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("Fidelity (default model, against its bf16)", "first-token agreement", "fidelity_default_cpu_int4.json",
           ("greedy", "first_token_agreement"), "{:.2f}"),
     # The default path (docs/guide/run.md): answers at the chat's defaults, the keep-alive server
-    Claim("Default path: coherent answers at the default sampling", "20 prompts, vLLM at the served defaults",
+    Claim("Default path: coherent answers at the default sampling", "coherent of 20 prompts, vLLM at the served defaults",
           _SAMPLING, ("arms", "vllm-defaults", "coherent"), "{}"),
-    Claim("Default path: coherent answers at the default sampling", "20 prompts, llama-cpp-python defaults, same file",
+    Claim("Default path: coherent answers at the default sampling", "coherent of 20 prompts, llama-cpp-python defaults, same file",
           _SAMPLING, ("arms", "llamacpp-python", "coherent"), "{}"),
-    Claim("Default path: coherent answers at the default sampling", "20 prompts, llama.cpp server defaults, same file",
+    Claim("Default path: coherent answers at the default sampling", "coherent of 20 prompts, llama.cpp server defaults, same file",
           _SAMPLING, ("arms", "llamacpp-server", "coherent"), "{}"),
-    Claim("Default path: coherent answers at the default sampling", "capital of France, vLLM at the served defaults",
+    Claim("Default path: coherent answers at the default sampling", "coherent of 20 capital-of-France answers, vLLM at the served defaults",
           _SAMPLING, ("arms", "vllm-defaults", "france", "coherent"), "{}"),
-    Claim("Default path: coherent answers at the default sampling", "capital of France, llama-cpp-python defaults",
+    Claim("Default path: coherent answers at the default sampling", "coherent of 20 capital-of-France answers, llama-cpp-python defaults",
           _SAMPLING, ("arms", "llamacpp-python", "france", "coherent"), "{}"),
-    Claim("Default path: coherent answers at the default sampling", "capital of France, llama.cpp server defaults",
+    Claim("Default path: coherent answers at the default sampling", "coherent of 20 capital-of-France answers, llama.cpp server defaults",
           _SAMPLING, ("arms", "llamacpp-server", "france", "coherent"), "{}"),
     Claim("Default path: the keep-alive server", "RssAnon of the server's processes, warm (median)",
           _SERVER, ("arms", "shipped", "median", "server_rss_anon_mb"), "{:.0f} MB", target=("<=", 700)),
@@ -338,7 +338,11 @@ def _prov_build(data: dict) -> str:
     prov = data.get("provenance") or {}
     model = prov.get("model") or {}
     if not model.get("path"):
-        # A client's artifact (the agent suite) names only the model it asked the server for.
+        # A client's artifact names the build its server loaded when it asked (bench sampling,
+        # bench server), else only the model it asked the server for (the agent suite).
+        built = data.get("build") or (data.get("server_defaults") or {}).get("build")
+        if built:
+            return f"{built} (served)"
         served = prov.get("served_model") or data.get("model")
         return f"served model `{served}`" if served else "unrecorded model"
     name = Path(model["path"]).name

@@ -130,3 +130,43 @@ def test_every_spec_arm_parses(capsys):
                 pytest.fail(f"{spec.name}: {arm['name']}: {capsys.readouterr().err}")
             seen += 1
     assert seen > 10
+
+
+@pytest.mark.parametrize("cmd", [["run"], ["serve"]])
+def test_speculative_is_off_by_default_and_takes_ngram(cmd, capsys):
+    from vllm_edge.runtime.speculative import METHODS
+
+    assert parse(*cmd).speculative == "off"
+    assert parse(*cmd, "--speculative", "ngram").speculative == "ngram"
+    assert METHODS == ("off", "ngram")
+    with pytest.raises(SystemExit):
+        parse(*cmd, "--speculative", "eagle")
+    capsys.readouterr()
+
+
+def test_run_hands_speculative_to_the_engine_and_to_a_keep_alive_server(monkeypatch):
+    """In this process it reaches serving.run.run; through a keep-alive server, the options the
+    server is started with."""
+    from vllm_edge import cli
+    from vllm_edge.serving import keepalive
+    from vllm_edge.serving import run as serving_run
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def in_process(**kwargs):
+        seen["in_process"] = kwargs["speculative"]
+        raise Stop
+
+    def ensure(model, quant, keep_s, options, **kwargs):
+        seen["server"] = options["speculative"]
+        raise Stop
+
+    monkeypatch.setattr(serving_run, "run", in_process)
+    monkeypatch.setattr(keepalive, "ensure", ensure)
+    for argv in (["run", "--keep-alive", "0"], ["run", "--prompt", "hi"]):
+        with pytest.raises(Stop):
+            cli.main([*argv, "--speculative", "ngram"])
+    assert seen == {"in_process": "ngram", "server": "ngram"}

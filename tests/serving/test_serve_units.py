@@ -37,6 +37,38 @@ def test_engine_kwargs_become_vllm_flags_vllm_accepts():
             args.kv_cache_memory_bytes, args.worker_extension_cls) == ("/m", 2048, False, True, 123, "a.B")
 
 
+def test_a_config_becomes_a_json_flag_vllm_parses(default_model_dir):
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from vllm_edge.runtime.speculative import NGRAM
+
+    assert serve.vllm_flags({"speculative_config": {"method": "ngram"}}) == [
+        "--speculative-config", '{"method": "ngram"}']
+    p = serve.plan("default", port=8123, enforce_eager=True, speculative="ngram")
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(p.argv)
+    assert args.speculative_config == NGRAM
+    assert any(line.startswith("speculative_config=") for line in p.lines)
+    assert "speculative_config" not in serve.plan("default", port=8123).describe["engine"]["engine_args"]
+
+
+def test_speculation_sends_min_p_0_over_a_min_p_default(default_model_dir, monkeypatch):
+    from vllm_edge.serving import sampling
+
+    monkeypatch.setattr(sampling, "for_model",
+                        lambda model, path: sampling.Defaults(dict(sampling.FALLBACK), "test"))
+    plain = serve.plan("default", port=8123)
+    on = serve.plan("default", port=8123, speculative="ngram")
+
+    def override(p):
+        return json.loads(p.argv[p.argv.index("--override-generation-config") + 1])
+
+    assert override(plain) == sampling.FALLBACK
+    assert override(on) == {**sampling.FALLBACK, "min_p": 0.0}
+    assert any("min_p 0 instead of 0.05" in line for line in on.lines)
+    assert on.describe["sampling_defaults"]["min_p"] == 0.0
+
+
 def test_plan_for_the_default_model(default_model_dir):
     p = serve.plan("default", port=8123, enforce_eager=True)
     from vllm.entrypoints.launchers.cli_args import make_arg_parser

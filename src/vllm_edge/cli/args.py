@@ -65,6 +65,18 @@ def add_parallel(p: argparse.ArgumentParser) -> None:
                    help="split the layers into N stages, one rank each")
 
 
+def add_speculative(p: argparse.ArgumentParser) -> None:
+    """`run` and `serve`: vLLM's speculative decoding (docs/guide/run.md#speculative-decoding)."""
+    from vllm_edge.runtime.speculative import METHODS
+
+    p.add_argument("--speculative", choices=METHODS, default="off",
+                   help="ngram: propose the tokens that followed the last few tokens where they "
+                        "appeared earlier in the prompt or answer, and check them all in one step "
+                        "(pays when the answer copies its input; no draft model). Greedy answers "
+                        "keep the model's tokens up to rounding; requests with min_p or logit_bias "
+                        "are refused (default: %(default)s)")
+
+
 def add_json_schema(p: argparse.ArgumentParser) -> None:
     """`bench speed` and `bench llamacpp`: decode every run under a JSON schema."""
     p.add_argument("--json-schema", default=None, metavar="long-text|FILE",

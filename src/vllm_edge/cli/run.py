@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vllm_edge.cli.args import add_model, add_output, add_parallel, add_weight_quant, reported, weight_dtype
+from vllm_edge.cli.args import (add_model, add_output, add_parallel, add_speculative, add_weight_quant,
+                                reported, weight_dtype)
 
 NAME = "run"
 HELP = "chat with a model (kept loaded in a background server), or answer one prompt"
@@ -44,6 +45,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "$VLLM_EDGE_HOME/logs/run-*.log (-o json always shows it)")
     add_weight_quant(p)
     add_parallel(p)
+    add_speculative(p)
     p.add_argument("--priority", choices=("speed", "fidelity"), default="speed",
                    help="what the weight-path choice favours (see docs/guide/quantize.md)")
     p.add_argument("--image", action="append", default=None, metavar="PATH",
@@ -69,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
             enforce_eager=args.enforce_eager, one_process=not args.multiprocess, as_json=as_json,
             dtype=weight_dtype(args.quant), priority=args.priority, images=args.image,
             verbose=args.verbose or as_json, tensor_parallel_size=args.tensor_parallel_size,
-            pipeline_parallel_size=args.pipeline_parallel_size,
+            pipeline_parallel_size=args.pipeline_parallel_size, speculative=args.speculative,
         )
     chat.print_result(result, as_json)
     return 0
@@ -89,7 +91,7 @@ def client(args: argparse.Namespace, keep_s: float) -> int:
     if prompt is None and not interactive:
         prompt = sys.stdin.read().strip() or DEFAULT_PROMPT
     options = {"max_model_len": args.max_model_len, "priority": args.priority,
-               "enforce_eager": args.enforce_eager}
+               "enforce_eager": args.enforce_eager, "speculative": args.speculative}
     ranks = (args.tensor_parallel_size, args.pipeline_parallel_size)
     t0 = time.time()
     # a pipe gets the answer alone; a terminal sees every phase of a first start

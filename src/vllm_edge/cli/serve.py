@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_edge.cli.args import MODEL_HELP, add_parallel, add_weight_quant, reported, weight_dtype
+from vllm_edge.cli.args import (MODEL_HELP, add_parallel, add_speculative, add_weight_quant, reported,
+                                weight_dtype)
 
 NAME = "serve"
 HELP = "vLLM's OpenAI-compatible server with the edge defaults"
@@ -24,6 +25,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=4,
                    help="sequences decoded together; the KV budget is priced for all of them")
     p.add_argument("--enforce-eager", action="store_true", help="skip torch.compile")
+    add_speculative(p)
     add_weight_quant(p)
     p.add_argument("--priority", choices=("speed", "fidelity"), default="speed")
     p.add_argument("--multiprocess", action="store_true",
@@ -58,4 +60,4 @@ def run(args: argparse.Namespace) -> int:
             dtype=weight_dtype(args.quant), priority=args.priority, multiprocess=args.multiprocess,
             tool_call_parser=args.tool_call_parser, chat_template=args.chat_template,
             served_model_name=args.served_model_name, api_key=args.api_key, idle_exit_s=args.idle_exit, extra=getattr(args, "vllm_extra", []),
-            parallel=parallel)
+            parallel=parallel, speculative=args.speculative)

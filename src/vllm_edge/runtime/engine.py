@@ -48,7 +48,8 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
                 enable_prefix_caching: bool = True, server: bool = False,
                 max_num_batched_tokens: int | None = None,
                 worker_extension: str = WORKER_EXTENSION, tensor_parallel_size: int = 1,
-                pipeline_parallel_size: int = 1, nnodes: int = 1) -> EdgeEngine:
+                pipeline_parallel_size: int = 1, nnodes: int = 1,
+                speculative: str = "off") -> EdgeEngine:
     """``server``: the arguments are for vLLM's API server (`serve`), whose AsyncLLM always
     runs the engine core in a process of its own; ``one_process`` then keeps the worker
     inside that engine-core process. ``worker_extension`` is the class vLLM mixes into the
@@ -56,7 +57,8 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
     the most tokens one step runs (longer prompts prefill in chunks); it also sizes the
     dummy forward vLLM runs at start (vLLM's CPU default for ``LLM`` is 4096).
     ``tensor_parallel_size``/``pipeline_parallel_size``: ranks in vLLM's multiprocess
-    executor, ``nnodes`` machines sharing them (see :func:`parallel_layout`)."""
+    executor, ``nnodes`` machines sharing them (see :func:`parallel_layout`). ``speculative``:
+    a method of :mod:`vllm_edge.runtime.speculative` (``off`` or ``ngram``)."""
     model_path = Path(model_path)
     from vllm_edge.common import model_config
 
@@ -103,6 +105,12 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
             "start-up dummy forward is this long, and on CPU its default of 4096 costs seconds")
     reasons["enable_prefix_caching"] = (
         "chat turns share their prefix" if enable_prefix_caching else "off, as for pp measurements")
+    from vllm_edge.runtime import speculative as spec
+
+    spec_config = spec.engine_config(speculative)
+    if spec_config is not None:
+        kwargs["speculative_config"] = spec_config
+        reasons["speculative_config"] = spec.reason(speculative)
 
     from vllm_edge.kernels import rms_norm
 

@@ -25,6 +25,7 @@ DEFAULT_SYSTEM = "You are a helpful assistant."
 # Tokens per engine step in this process: sizes vLLM's start-up dummy forward (the largest
 # phase of a warm start at vLLM's 4096, benchmarks/results/startup/); longer prompts chunk.
 RUN_BATCH_TOKENS = 128
+SPEC_PREFIX = "vllm:spec_decode_num_"
 
 
 def _histogram(metrics: list, name: str) -> tuple[int, float]:
@@ -36,12 +37,23 @@ def _histogram(metrics: list, name: str) -> tuple[int, float]:
     return count, total
 
 
+def spec_decode_counts(metrics: list) -> dict[str, int] | None:
+    """vLLM's speculative-decoding counters (``drafts``, ``draft_tokens``, ``accepted_tokens``);
+    None when the engine does not speculate."""
+    counts = {}
+    for m in metrics:
+        if m.name.startswith(SPEC_PREFIX) and hasattr(m, "value"):
+            key = m.name[len(SPEC_PREFIX):]
+            counts[key] = counts.get(key, 0) + int(m.value)
+    return counts or None
+
+
 def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None = DEFAULT_SYSTEM,
         max_tokens: int = 64, max_model_len: int = 2048, enforce_eager: bool = False,
         one_process: bool = True, as_json: bool = False, dtype: str = "auto",
         priority: str = "speed", images: list[str] | None = None,
         verbose: bool = True, tensor_parallel_size: int = 1,
-        pipeline_parallel_size: int = 1) -> dict[str, Any]:
+        pipeline_parallel_size: int = 1, speculative: str = "off") -> dict[str, Any]:
     from vllm_edge.models import vlm
     from vllm_edge.runtime import images as img_mod
     from vllm_edge.runtime import weight_path
@@ -78,7 +90,8 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
                            one_process=one_process, max_num_seqs=1,
                            max_num_batched_tokens=RUN_BATCH_TOKENS,
                            tensor_parallel_size=tensor_parallel_size,
-                           pipeline_parallel_size=pipeline_parallel_size)
+                           pipeline_parallel_size=pipeline_parallel_size,
+                           speculative=speculative)
         edge.reasons["max_num_seqs"] = ("1: `run` answers one conversation, so the KV cache is "
                                         "priced for one sequence at full length")
         template = None
@@ -144,7 +157,11 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
             "triton": triton_state,
             "generate_s": round(gen_s, 3),
             "ttft_s": round(ttft_sum / ttft_n, 4) if ttft_n else None,
-            "decode_tps": round(itl_n / itl_sum, 2) if itl_sum > 0 else None,
+            # vLLM times one inter-token gap per engine step, however many tokens the step
+            # kept (several with speculative decoding): the rate is tokens after the first
+            # over those gaps, not gaps per second
+            "decode_tps": round((n_tokens - 1) / itl_sum, 2) if itl_n and itl_sum > 0 else None,
+            "spec_decode": spec_decode_counts(metrics),
             "peak_tree_rss_anon_mb": None,
             "peak_processes": None,
             "worker": worker,
@@ -183,9 +200,12 @@ def print_result(result: dict[str, Any], as_json: bool) -> None:
         return
     print(result["answer"].strip())
     tps = f"{result['decode_tps']:.1f} tok/s" if result["decode_tps"] else "n/a"
+    spec = result.get("spec_decode")
+    accepted = (f" | speculative: {spec.get('accepted_tokens', 0)} of {spec.get('draft_tokens', 0)} "
+                "proposed tokens kept" if spec else "")
     print(f"--- ready {result['ready_s']:.1f} s from process start | decode {tps} "
-          f"({result['generated_tokens']} tokens) | peak RssAnon {result['peak_tree_rss_anon_mb']:.0f} MB "
-          f"over {result['peak_processes']} processes")
+          f"({result['generated_tokens']} tokens){accepted} | peak RssAnon "
+          f"{result['peak_tree_rss_anon_mb']:.0f} MB over {result['peak_processes']} processes")
     if result.get("log"):
         return  # quiet: the patch states are in the log, and in --verbose / -o json
     ranks = len(result["worker"])

@@ -180,6 +180,8 @@ def vllm_flags(kwargs: dict[str, Any]) -> list[str]:
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
             argv.append(flag if value else f"--no-{key.replace('_', '-')}")
+        elif isinstance(value, dict):  # a config vLLM parses as JSON (speculative_config)
+            argv += [flag, json.dumps(value)]
         elif value is not None:
             argv += [flag, str(value)]
     return argv
@@ -191,7 +193,7 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
          tool_call_parser: str | None = None, chat_template: str | None = None,
          served_model_name: list[str] | None = None, api_key: str | None = None,
          idle_exit_s: float | None = None, extra: list[str] | None = None,
-         parallel: Parallel | None = None) -> ServePlan:
+         parallel: Parallel | None = None, speculative: str = "off") -> ServePlan:
     from vllm_edge.models import store
     from vllm_edge.runtime import images, weight_path
     from vllm_edge.runtime.engine import edge_engine
@@ -206,7 +208,7 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
     edge = edge_engine(path, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                        enforce_eager=enforce_eager, one_process=not multiprocess, server=True,
                        tensor_parallel_size=par.tensor, pipeline_parallel_size=par.pipeline,
-                       nnodes=par.nnodes)
+                       nnodes=par.nnodes, speculative=speculative)
     names = served_model_name or ([key, "default"] if key else [model])
     parser, template, tools_why = choose_tools(key, Path(path), tool_call_parser, chat_template)
 
@@ -221,6 +223,16 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", parser,
                  "--tool-strict-level", TOOL_STRICT_LEVEL]
     samp = sampling.for_model(model, Path(path))
+    samp_lines = [samp.explain()]
+    if speculative != "off":
+        from vllm_edge.runtime import speculative as spec
+
+        values, replaced = spec.accepted_defaults(samp.values)
+        if replaced:
+            samp = sampling.Defaults(values, samp.source)
+            samp_lines = [samp.explain(), "with speculative decoding: " + ", ".join(
+                f"{k} {spec.NEUTRAL_DEFAULTS[k]:g} instead of {v:g}" for k, v in replaced.items())
+                + " (vLLM refuses a request that carries it, and a default is in every request)"]
     argv += ["--override-generation-config", json.dumps(samp.values)]
     accepts = images.model_accepts_images(path)
     # a bad VLLM_EDGE_MAX_IMAGE* or VLLM_EDGE_MAX_BODY_BYTES fails here, not at start
@@ -251,7 +263,7 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
 
     lines = [f"model: {path}", *wpath.explain(), *edge.explain(),
              f"served model names: {', '.join(names)} (requests may use any of them)",
-             f"tool calls: {tools_why}", samp.explain(), *gate_lines]
+             f"tool calls: {tools_why}", *samp_lines, *gate_lines]
     lines += par.explain()
     if idle_exit_s:
         lines.append(f"idle exit: stops after {idle_exit_s:g} s without a request (--idle-exit)")

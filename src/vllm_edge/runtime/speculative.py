@@ -1,0 +1,68 @@
+"""Speculative decoding through vLLM's own ``speculative_config``: n-gram prompt lookup.
+
+A decode step reads every weight to produce one token. With n-gram prompt lookup, vLLM's
+worker looks for the sequence's last few tokens earlier in the same sequence (prompt and
+answer so far) and proposes the tokens that followed them there; the next step runs the model
+on the last token and the proposals together and keeps the proposals up to the first one the
+model would not have produced, plus one token of its own. There is no draft model: the
+proposer is a string match (vLLM's ``NgramProposer``, numba). It pays when the answer copies
+from its input (a summary, an edit of given text or code, a quotation), and costs a wider
+step when a proposal is rejected.
+
+Greedy answers are the model's own tokens up to rounding. vLLM 0.32's CPU kernels do not give
+a query row the same result whatever the number of rows beside it: its attention splits one
+row's keys between threads only when the row is alone in its query tile
+(``VLLM_CPU_ATTN_SPLIT_KV``, on by default), and its oneDNN bf16 matmul rounds a single row
+differently from the same row in a batch. A verification step runs several rows where plain
+decoding runs one, so on a near-tie of two logits the greedy choice can differ. With the
+attention split off, the ``cpu_int4`` path gives bit-identical logprobs with and without
+speculation (docs/guide/run.md#speculative-decoding).
+
+Torch-free: the CLI imports it for ``--help``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+METHODS = ("off", "ngram")
+# A proposal follows a match of at least PROMPT_LOOKUP_MIN tokens (the longest match up to
+# PROMPT_LOOKUP_MAX wins) and is at most NUM_SPECULATIVE_TOKENS long. Three tokens: in prose a
+# two-token match ("of the") recurs by chance and its proposal is rejected more often, each
+# rejection paying a step of five rows for one token; a match of four or more misses the
+# shorter repeats of code and summaries. Not yet tuned by a speed measurement.
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+         "prompt_lookup_min": 3}
+# Sampling values vLLM 0.32 refuses in a request once speculation is on
+# (SamplingParams._validate_spec_decode), with the value it accepts: min_p; logit_bias too,
+# which no server default sets.
+NEUTRAL_DEFAULTS = {"min_p": 0.0}
+
+
+def engine_config(method: str) -> dict[str, Any] | None:
+    """vLLM's ``speculative_config`` for ``method`` (None: off). ValueError for an unknown one."""
+    if method not in METHODS:
+        raise ValueError(f"--speculative {method!r}: expected one of {', '.join(METHODS)}")
+    return dict(NGRAM) if method == "ngram" else None
+
+
+def reason(method: str) -> str:
+    if method == "off":
+        return "off: one token per decode step"
+    return (f"n-gram prompt lookup: after a match of {NGRAM['prompt_lookup_min']} to "
+            f"{NGRAM['prompt_lookup_max']} tokens earlier in the sequence, up to "
+            f"{NGRAM['num_speculative_tokens']} proposed tokens are checked in one step; greedy "
+            "answers keep the model's tokens (up to rounding); requests with min_p or "
+            "logit_bias are refused")
+
+
+def accepted_defaults(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Server sampling defaults vLLM accepts with speculation on, and the ones replaced
+    (name -> the value it had).
+
+    A server default applies to every request that does not set the value itself, so a
+    refused one would fail every such request with a 400. The neutral value is sent rather
+    than the key dropped: vLLM lays the server's values over the model's own
+    generation_config.json, which may name the refused one too."""
+    replaced = {k: values[k] for k, v in NEUTRAL_DEFAULTS.items() if values.get(k, v) != v}
+    return {**values, **{k: NEUTRAL_DEFAULTS[k] for k in replaced}}, replaced

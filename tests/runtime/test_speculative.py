@@ -1,0 +1,48 @@
+"""Speculative decoding's engine arguments and the server defaults it must not carry (no
+engine started)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_edge.runtime import engine, speculative
+
+
+def test_off_adds_nothing_and_ngram_adds_vllms_config(default_model_dir):
+    off = engine.edge_engine(default_model_dir)
+    assert "speculative_config" not in off.kwargs and "speculative_config" not in off.reasons
+    on = engine.edge_engine(default_model_dir, speculative="ngram")
+    assert on.kwargs["speculative_config"] == speculative.NGRAM
+    assert "n-gram prompt lookup" in on.reasons["speculative_config"]
+    with pytest.raises(ValueError, match="--speculative 'eagle': expected one of off, ngram"):
+        engine.edge_engine(default_model_dir, speculative="eagle")
+
+
+def test_vllm_takes_the_ngram_settings():
+    from vllm.config import SpeculativeConfig
+
+    cfg = SpeculativeConfig(**speculative.NGRAM)
+    assert (cfg.method, cfg.num_speculative_tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max) == (
+        "ngram", 4, 3, 4)
+
+
+def test_a_min_p_default_is_neutralised_not_dropped():
+    values, replaced = speculative.accepted_defaults({"temperature": 0.8, "min_p": 0.05})
+    # sent as 0: vLLM lays the server's values over the model's generation_config.json
+    assert values == {"temperature": 0.8, "min_p": 0.0} and replaced == {"min_p": 0.05}
+    assert speculative.accepted_defaults({"temperature": 0.2, "top_p": 0.9}) == (
+        {"temperature": 0.2, "top_p": 0.9}, {})
+    assert speculative.accepted_defaults({"min_p": 0.0}) == ({"min_p": 0.0}, {})
+
+
+def test_vllm_still_refuses_min_p_with_speculation():
+    """The reason for the neutral default: if vLLM starts taking min_p, this fails and the
+    replacement can go."""
+    from vllm import SamplingParams
+    from vllm.config import SpeculativeConfig
+    from vllm.exceptions import VLLMValidationError
+
+    spec = SpeculativeConfig(**speculative.NGRAM)
+    with pytest.raises(VLLMValidationError, match="min_p and logit_bias"):
+        SamplingParams(min_p=0.05)._validate_spec_decode(spec)
+    SamplingParams(min_p=0.0)._validate_spec_decode(spec)

@@ -1,0 +1,57 @@
+"""N-gram speculative decoding through vLLM's own speculative_config, on the default model's
+cpu_int4 build: greedy tokens equal plain decoding's on a prompt whose answer copies its input,
+and vLLM's counters show the proposals were checked and kept. One eager engine per arm."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_edge.runtime import speculative
+from vllm_edge.runtime.engine import edge_engine
+from vllm_edge.serving.run import spec_decode_counts
+
+pytestmark = pytest.mark.slow
+
+PARAGRAPH = ("The lighthouse stood on the northern cliff for two hundred years. Every night the "
+             "keeper climbed the spiral stairs, trimmed the wick, and wound the clockwork that "
+             "turned the lens. Ships passing the reef saw the beam sweep the water every ten "
+             "seconds, and they knew to keep their distance from the rocks below.")
+PROMPT = "Repeat the following paragraph word for word:\n\n" + PARAGRAPH
+MAX_TOKENS = 48
+
+
+def _answer(llm):
+    from vllm import SamplingParams
+
+    out = llm.chat([{"role": "user", "content": PROMPT}],
+                   SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS), use_tqdm=False)[0]
+    return list(out.outputs[0].token_ids), spec_decode_counts(llm.get_metrics())
+
+
+@pytest.fixture(scope="module")
+def arms(default_int4_dir, run_llm):
+    out = {}
+    for method in speculative.METHODS:
+        edge = edge_engine(default_int4_dir, max_model_len=512, max_num_seqs=1, enforce_eager=True,
+                           max_num_batched_tokens=128, speculative=method)
+        out[method] = (edge.kwargs, *run_llm(_answer, **edge.kwargs, disable_log_stats=False))
+    return out
+
+
+def test_ngram_reaches_vllm_and_keeps_the_greedy_tokens(arms):
+    off_kwargs, off_tokens, off_counts = arms["off"]
+    on_kwargs, on_tokens, _ = arms["ngram"]
+    assert "speculative_config" not in off_kwargs
+    assert on_kwargs["speculative_config"] == speculative.NGRAM
+    assert off_counts is None  # no speculation, no counters
+    assert len(off_tokens) >= MAX_TOKENS // 2  # the paragraph, not an early stop
+    assert on_tokens == off_tokens
+
+
+def test_proposals_were_checked_and_kept(arms):
+    tokens, counts = arms["ngram"][1:]
+    assert counts["drafts"] > 0 and counts["draft_tokens"] >= counts["drafts"]
+    # a verbatim copy is what the lookup finds: a quarter of the answer is a loose floor (every
+    # kept proposal is a token the engine produced without a step of its own)
+    assert counts["accepted_tokens"] >= len(tokens) // 4, counts
+    assert counts["accepted_tokens"] <= counts["draft_tokens"]

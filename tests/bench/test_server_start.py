@@ -49,9 +49,10 @@ def test_memory_splits_a_real_tree_by_role():
 
 
 def test_an_arm_is_a_name_flags_and_environment():
-    assert parse_arm("b512:--max-num-batched-tokens 512 VLLM_EDGE_X=1") == \
-        ("b512", {"extra": ["--max-num-batched-tokens", "512"], "env": {"VLLM_EDGE_X": "1"}})
-    assert parse_arm("shipped:") == ("shipped", {"extra": [], "env": {}})
+    assert parse_arm("b512:--max-num-batched-tokens 512 VLLM_EDGE_X=1 max_num_seqs=1 priority=speed") == \
+        ("b512", {"extra": ["--max-num-batched-tokens", "512"], "env": {"VLLM_EDGE_X": "1"},
+                  "options": {"max_num_seqs": 1, "priority": "speed"}})
+    assert parse_arm("shipped:") == ("shipped", {"extra": [], "env": {}, "options": {}})
     for bad in ("no colon", ":--flag", "x:'unclosed"):
         with pytest.raises(UsageError, match="--arm"):
             parse_arm(bad)

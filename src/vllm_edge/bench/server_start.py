@@ -64,7 +64,8 @@ def memory(root_pid: int) -> dict[str, Any]:
             "server_processes": len(server)}
 
 
-def one_pass(model: str, extra: list[str], env: dict[str, str], enforce_eager: bool) -> dict[str, Any]:
+def one_pass(model: str, extra: list[str], env: dict[str, str], enforce_eager: bool,
+             options: dict[str, Any] | None = None) -> dict[str, Any]:
     from vllm_edge.serving import keepalive
 
     key = keepalive.server_key(model, "auto")
@@ -75,7 +76,8 @@ def one_pass(model: str, extra: list[str], env: dict[str, str], enforce_eager: b
     os.environ.update(env)
     try:
         t0 = time.perf_counter()
-        rec, started = keepalive.ensure(model, "auto", 600, {"enforce_eager": enforce_eager, "extra": extra})
+        rec, started = keepalive.ensure(model, "auto", 600, {"enforce_eager": enforce_eager, "extra": extra,
+                                                             **(options or {})})
         ready_s = time.perf_counter() - t0
         if not started:
             raise RuntimeError(f"a server for {model} was running: stop it first")
@@ -98,8 +100,9 @@ def one_pass(model: str, extra: list[str], env: dict[str, str], enforce_eager: b
 def run(model: str = "default", *, arms: dict[str, dict[str, Any]], passes: int = 3,
         enforce_eager: bool = False, out: str | None = None,
         say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    """``arms``: name -> {"extra": vLLM flags, "env": environment}. ``passes`` warm passes per
-    arm, after one pass each that may compile."""
+    """``arms``: name -> {"extra": vLLM flags, "env": environment, "options": keywords of
+    serve.main as `run` passes them}. ``passes`` warm passes per arm, after one pass each that
+    may compile."""
     from vllm_edge.common import atomic, provenance
 
     result: dict[str, Any] = {
@@ -110,10 +113,10 @@ def run(model: str = "default", *, arms: dict[str, dict[str, Any]], passes: int 
     for name, spec in arms.items():  # one pass each to fill the compile cache for its flags
         say(f"{name}: first pass (may compile)")
         result["arms"][name]["first_pass"] = one_pass(model, spec.get("extra", []), spec.get("env", {}),
-                                                      enforce_eager)
+                                                      enforce_eager, spec.get("options"))
     for i in range(passes):
         for name, spec in arms.items():
-            row = one_pass(model, spec.get("extra", []), spec.get("env", {}), enforce_eager)
+            row = one_pass(model, spec.get("extra", []), spec.get("env", {}), enforce_eager, spec.get("options"))
             result["arms"][name]["runs"].append(row)
             say(f"{name} pass {i + 1}: first token {row['first_token_s']} s, server "
                 f"{row['server_rss_anon_mb']} MB over {row['server_processes']} processes")

@@ -13,14 +13,16 @@ from vllm_edge.cli.args import add_out
 NAME = "server"
 HELP = "the keep-alive server run starts: spawn to first token (warm caches) and RssAnon per process"
 ENV_WORD = re.compile(r"^[A-Z_][A-Z0-9_]*=")
+OPTION_WORD = re.compile(r"^[a-z_][a-z0-9_]*=")  # a keyword of serve.main, as run passes it
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default="default")
     p.add_argument("--arm", action="append", default=None, metavar="NAME:WORDS",
-                   help="an arm: a name, a colon, then vLLM flags and NAME=VALUE environment words "
-                        "(e.g. 'b512:--max-num-batched-tokens 512'); repeat; default: one arm, "
-                        "the shipped settings")
+                   help="an arm: a name, a colon, then vLLM flags, NAME=VALUE environment words and "
+                        "key=value server options as run passes them (e.g. 'seqs1:max_num_seqs=1', "
+                        "'b512:--max-num-batched-tokens 512'); repeat; default: one arm, the shipped "
+                        "settings")
     p.add_argument("--passes", type=int, default=3, help="warm passes per arm (after one that may compile)")
     p.add_argument("--enforce-eager", action="store_true", help="start the servers without torch.compile")
     add_out(p, default="benchmarks/results/server_start.json")
@@ -37,7 +39,16 @@ def parse_arm(text: str) -> tuple[str, dict]:
     except ValueError as exc:
         raise UsageError(f"--arm {text!r}: {exc}") from None
     env = dict(t.split("=", 1) for t in tokens if ENV_WORD.match(t))
-    return name.strip(), {"extra": [t for t in tokens if not ENV_WORD.match(t)], "env": env}
+    options = {}
+    for t in tokens:
+        if OPTION_WORD.match(t):
+            key, value = t.split("=", 1)
+            try:
+                options[key] = json.loads(value)
+            except ValueError:
+                options[key] = value
+    flags = [t for t in tokens if not (ENV_WORD.match(t) or OPTION_WORD.match(t))]
+    return name.strip(), {"extra": flags, "env": env, "options": options}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -80,6 +80,8 @@ CASES = {
     "export-npu an unknown architecture": (
         ["models", "export-npu", "{src}", "{root}/out"],
         lambda src: _edit_config(src, architectures=["MambaForCausalLM"]), "writes the Llama family only"),
+    "run with no answer at a time": (["run", "--num-parallel", "0", "--prompt", "hi"], None,
+                                     "--num-parallel 0: must be at least 1"),
     "export-npu with a dynamic context": (["models", "export-npu", "{src}", "{root}/out", "--context", "dynamic"],
                                           None, "dynamic shapes are not supported"),
 }

@@ -50,13 +50,17 @@ def test_reports_ready_decode_and_memory(result):
 
 def test_runs_the_chosen_weight_path(result):
     from vllm_edge.common import hw
+    from vllm_edge.models import resolver, store
     from vllm_edge.runtime import weight_path
 
     expect = weight_path.for_run(hw.profile())  # cpu_int4 g32 without AMX, gptq g64 with it
     wp = result["weight_path"]
     assert (wp["name"], wp["scheme"], wp["group"]) == (expect.name, expect.scheme, expect.group)
-    assert wp["reasons"] == expect.reasons
-    assert result["model"].endswith(f"smollm2-135m-{expect.scheme}-g{expect.group}")
+    # the probe's reasons, then what the default model becomes in that format (cpu_int4 g32:
+    # its GGUF's own codes)
+    becomes = resolver.resolve("default").fit(expect.scheme, expect.name).reasons
+    assert wp["reasons"] == expect.reasons + becomes
+    assert result["model"].endswith(store.embedded_dir("default", expect.scheme, expect.group).name)
 
 
 def test_one_sequence_and_the_models_own_template(result):

@@ -36,6 +36,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "(300, 30s, 5m, 1h); 0: load the model in this process and exit after "
                         "answering (default: %(default)s)")
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--num-parallel", type=int, default=1, metavar="N",
+                   help="answers the keep-alive server decodes at once, as Ollama's "
+                        "OLLAMA_NUM_PARALLEL; more wait their turn. Each costs the KV of a full "
+                        "context (default: %(default)s; `serve` defaults to 4)")
     p.add_argument("--enforce-eager", action="store_true", help="skip torch.compile")
     p.add_argument("--multiprocess", action="store_true",
                    help="vLLM's default engine-core and worker processes instead of one process")
@@ -81,6 +85,7 @@ def client(args: argparse.Namespace, keep_s: float) -> int:
     """`run` against a keep-alive server: started if none is up, reused if one is."""
     import time
 
+    from vllm_edge.common.errors import UsageError
     from vllm_edge.common.procmem import process_start_epoch, tree_rss_anon_mb
     from vllm_edge.serving import chat, keepalive, startup_phases
     from vllm_edge.serving.run import DEFAULT_PROMPT, DEFAULT_SYSTEM
@@ -90,8 +95,13 @@ def client(args: argparse.Namespace, keep_s: float) -> int:
     prompt = args.prompt
     if prompt is None and not interactive:
         prompt = sys.stdin.read().strip() or DEFAULT_PROMPT
+    if args.num_parallel < 1:
+        raise UsageError(f"--num-parallel {args.num_parallel}: must be at least 1")
+    # one answer at a time by default: a chat is one user's, and the KV of every further
+    # sequence is resident for the server's whole life (bench server: server_start.json)
     options = {"max_model_len": args.max_model_len, "priority": args.priority,
-               "enforce_eager": args.enforce_eager, "speculative": args.speculative}
+               "enforce_eager": args.enforce_eager, "speculative": args.speculative,
+               "max_num_seqs": args.num_parallel}
     ranks = (args.tensor_parallel_size, args.pipeline_parallel_size)
     t0 = time.time()
     # a pipe gets the answer alone; a terminal sees every phase of a first start

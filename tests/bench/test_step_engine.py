@@ -40,11 +40,12 @@ def test_op_counts_see_the_models_ops(stepped):
     _, res = stepped
     ops = res["op_counts"]["ops"]
     layers = 30
-    # four int4 linears per layer plus the tied head, each a Python-implemented vllm:: op
-    # unless the native op serves it
+    # four int4 linears per layer, each a Python-implemented vllm:: op unless the native op
+    # serves it; the head, tied to the file's Q8_0 embedding, is the one int8 linear
     int4 = ops.get("vllm::edge_cpu_int4_linear", {}).get("calls_per_step", 0) + \
         ops.get("vllm_edge::int4_gemv", {}).get("calls_per_step", 0)
-    assert int4 == 4 * layers + 1
+    assert int4 == 4 * layers
+    assert ops.get("vllm::edge_cpu_int8_linear", {}).get("calls_per_step", 0) == 1, sorted(ops)
     assert res["op_counts"]["python_op_calls_per_step"] >= layers  # attention at least
     d = res["int4_dispatch"]
     assert d["layer"].startswith("model.layers.0.") and d["op_us"] > 0 and d["impl_us"] > 0

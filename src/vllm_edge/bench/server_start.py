@@ -46,14 +46,13 @@ def _first_token_s(rec, name: str) -> tuple[float, str]:
 
 
 def memory(root_pid: int) -> dict[str, Any]:
-    """RssAnon in MB of each process of a server's tree (threads sharing an address space
-    counted once), keyed by role, the schema compiler apart."""
+    """RssAnon in MB of each process of a server's tree (a child still sharing its parent's
+    address space counted once, in the parent), keyed by role, the schema compiler apart."""
     from vllm_edge.common import procmem
 
     rows = []
-    for pid in procmem.process_tree(root_pid):
-        kb = procmem.rss_anon_kb(pid)
-        if kb is None:
+    for pid, kb, shared in procmem.tree_rss_anon_kb(root_pid):
+        if shared:
             continue
         cmd = procmem.cmdline(pid)
         role = ("api_server" if pid == root_pid else "schema_compiler" if "gate_compile" in cmd

@@ -75,19 +75,24 @@ def process_tree(root_pid: int | None = None) -> list[int]:
     return [pid for pid, _ in _tree_with_parents(os.getpid() if root_pid is None else root_pid)]
 
 
-def tree_rss_anon_mb(root_pid: int | None = None) -> tuple[float, int]:
-    """(RssAnon summed over the tree in MB, number of live processes). A child that
-    still shares its parent's address space (vfork before exec) is counted once."""
-    total, n = 0, 0
+def tree_rss_anon_kb(root_pid: int | None = None) -> list[tuple[int, int, bool]]:
+    """(pid, RssAnon in kB, shared) for every live process of the tree; ``shared``: a child that
+    still shares its parent's address space (vfork before exec), whose memory its parent
+    already holds, so a sum counts it once by leaving it out."""
+    rows = []
     for pid, parent in _tree_with_parents(os.getpid() if root_pid is None else root_pid):
         kb = rss_anon_kb(pid)
         if kb is None:
             continue
-        n += 1
-        if parent is not None and same_address_space(pid, parent):
-            continue
-        total += kb
-    return total / 1024.0, n
+        rows.append((pid, kb, bool(parent is not None and same_address_space(pid, parent))))
+    return rows
+
+
+def tree_rss_anon_mb(root_pid: int | None = None) -> tuple[float, int]:
+    """(RssAnon summed over the tree in MB, number of live processes), counted as
+    :func:`tree_rss_anon_kb` says."""
+    rows = tree_rss_anon_kb(root_pid)
+    return sum(kb for _, kb, shared in rows if not shared) / 1024.0, len(rows)
 
 
 def cmdline(pid: int) -> str:
@@ -102,19 +107,11 @@ def cmdline(pid: int) -> str:
 def tree_rss_anon_split(root_pid: int, apart: str) -> tuple[float, int, float, list[int]]:
     """(RssAnon of the whole tree in MB, live processes, RssAnon of the processes whose
     command line holds ``apart`` in MB, their pids). Counted as :func:`tree_rss_anon_mb`."""
-    total, n, part, pids = 0, 0, 0, []
-    for pid, parent in _tree_with_parents(root_pid):
-        kb = rss_anon_kb(pid)
-        if kb is None:
-            continue
-        n += 1
-        if parent is not None and same_address_space(pid, parent):
-            continue
-        total += kb
-        if apart in cmdline(pid):
-            part += kb
-            pids.append(pid)
-    return total / 1024.0, n, part / 1024.0, pids
+    rows = tree_rss_anon_kb(root_pid)
+    own = [(pid, kb) for pid, kb, shared in rows if not shared]
+    part = [(pid, kb) for pid, kb in own if apart in cmdline(pid)]
+    return (sum(kb for _, kb in own) / 1024.0, len(rows), sum(kb for _, kb in part) / 1024.0,
+            [pid for pid, _ in part])
 
 
 def process_start_epoch(pid: int | None = None) -> float:

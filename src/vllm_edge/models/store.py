@@ -368,7 +368,7 @@ def keeps_codes(scheme: str | None, group: int | None) -> bool:
     (the file's own codes: Q4_1 blocks of 32 as cpu_int4 g32, its Q8_0 embedding as cpu_int8)
     rather than a requantization of the bf16 conversion. Requantizing the 4-bit codes a second
     time loses what llama.cpp keeps: about half of the bf16 greedy tokens, and a first token so
-    flat that the chat's default sampling wanders (docs/guide/quantize.md)."""
+    flat that the chat's default sampling wanders (docs/guide/models.md)."""
     return scheme == formats.DEFAULT and (group or DEFAULT_GROUP) == DEFAULT_GROUP
 
 
@@ -404,23 +404,21 @@ def prepare_embedded(name: str = DEFAULT, scheme: str | None = None, group: int 
 
 def ensure_embedded(name: str, scheme: str | None = None, group: int | None = None) -> Path:
     """An embedded model's build (:func:`prepare_embedded`), made on first use in a child
-    process; later calls return the cached directory."""
+    process; later calls return the cached directory (:func:`embedded_dir`)."""
     model = resolve_key(name)
     group = group or DEFAULT_GROUP
+    target = embedded_dir(name, scheme, group)
     if scheme and keeps_codes(scheme, group):
         if not repacked_ready(name):
             child.run("vllm_edge.models.store:prepare_repacked", name, name=name)
-        return repacked_dir(model)
-    if scheme:
+    elif scheme:
         if not quantized_ready(name, scheme, group):
             source_gguf(model)  # clear error if the package is missing
             # a complete bf16 conversion is quantized as it is; otherwise the child converts first
             bf16 = prepared_dir(model)
             child.run("vllm_edge.models.store:prepare_quantized", name, name=name, scheme=scheme,
                       group=group, bf16=str(bf16) if manifest.problem(bf16) is None else None)
-        return quantized_dir(model, scheme, group)
-    target = prepared_dir(model)
-    if manifest.problem(target) is not None:
+    elif manifest.problem(target) is not None:
         source_gguf(model)
         child.run("vllm_edge.models.store:prepare", name, name=name)
     return target

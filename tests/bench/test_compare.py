@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -84,14 +85,40 @@ def test_arm_selection_names_unknown_arms():
         compare.select(b, ["vllm-cpu_int4-g64"])
 
 
-def test_the_1b_section_is_spliced_apart_from_smollm2(tmp_path, monkeypatch):
-    doc = tmp_path / "c.md"
-    doc.write_text("# Old page\n\n" + compare.BEGIN + "\nsmol\n" + compare.END + "\n")
-    monkeypatch.setattr(compare, "render", lambda out, d, shown: ("ONE-B\n", []))
-    compare.write_doc(tmp_path, doc, synthetic_1b=True)
-    text = doc.read_text()
-    assert "smol" in text and "ONE-B" in text
-    assert text.index(compare.BEGIN_1B) < text.index("ONE-B") < text.index(compare.END_1B)
+def _as_host(out: Path, dest: Path, model: str) -> Path:
+    """A copy of a compare run whose provenance names another CPU."""
+    shutil.copytree(out, dest)
+    summary = dest / "speed" / "summary.json"
+    data = json.loads(summary.read_text())
+    data["provenance"]["cpu"]["model"] = model
+    summary.write_text(json.dumps(data))
+    return dest
+
+
+def test_each_host_has_its_own_section_on_the_shared_page(compare_out, tmp_path):
+    results = tmp_path / "shared" / "benchmarks" / "results"
+    for model in ("Zen Test CPU", "Xeon Test CPU"):
+        host = compare.recorded_host(_as_host(compare_out, results / "compare" / "tmp", model))
+        (results / "compare" / "tmp").rename(results / "compare" / compare.host_slug(host))
+    doc = tmp_path / "shared" / "docs" / "results" / "comparisons.md"
+    doc.parent.mkdir(parents=True)
+    text, _ = compare.page(results, doc)
+    heads = [line for line in text.splitlines() if line.startswith("## ")]
+    assert [h.split(": ")[1].split(",")[0] for h in heads] == ["Xeon Test CPU", "Zen Test CPU"]
+    for part, cpu in zip(text.split("\n## ")[1:], ("Xeon Test CPU", "Zen Test CPU")):
+        # each section's tables say their own host, and only it
+        assert f"host: **{cpu}," in part and ("Zen" if cpu.startswith("Xeon") else "Xeon") not in part
+    for target in re.findall(r"\]\(([^)]+)\)", text):
+        assert (doc.parent / target).exists(), target
+
+
+def test_a_run_never_replaces_another_hosts(compare_out, tmp_path):
+    kept = compare.recorded_host(compare_out)
+    compare.refuse_other_host(compare_out, kept)  # the same host may measure again
+    compare.refuse_other_host(tmp_path / "empty", "Other CPU, AVX2, 2 cores")
+    with pytest.raises(EdgeError, match=re.escape(f"measured on {kept}; this host is Other CPU")):
+        compare.refuse_other_host(compare_out, "Other CPU, AVX2, 2 cores")
+    assert compare.host_slug("AMD EPYC, AVX512-BF16, 2 cores") == "amd-epyc-avx512-bf16-2-cores"
 
 
 def _s(values: list[float], metric: str) -> dict:

@@ -54,12 +54,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait-lock", action="store_true", help="queue behind a running measurement")
     p.add_argument("--lock-file", default=None, help="advisory host lock (default: the grid's)")
     p.add_argument("--smoke", action="store_true", help="mark the document as a pipeline smoke, not results")
-    add_out(p, default=None, help=f"artifact directory (default {compare.DEFAULT_OUT}, "
-                                  f"{compare.DEFAULT_OUT_1B} with --synthetic-1b, or "
+    add_out(p, default=None, help=f"artifact directory (default {compare.DEFAULT_OUT}/<host>, "
+                                  f"{compare.DEFAULT_OUT_1B}/<host> with --synthetic-1b, or "
                                   f"{compare.DEFAULT_OUT}_<name> for a GGUF file or folder)")
-    p.add_argument("--doc", default=None, help=f"markdown file to update (default {compare.DEFAULT_DOC}; "
-                                               "a GGUF file or folder gets its own page, "
-                                               "<out>/comparisons.md)")
+    p.add_argument("--doc", default=None, help=f"markdown file to update (default {compare.DEFAULT_DOC}, "
+                                               "every host's section; a GGUF file or folder gets its "
+                                               "own page, <out>/comparisons.md)")
     p.add_argument("--render-only", action="store_true", help="redraw --doc from --out without measuring")
 
 
@@ -72,14 +72,17 @@ def run(args: argparse.Namespace) -> int:
     from vllm_edge.common import pinning
 
     user = compare.is_user_model(args.model) and not args.synthetic_1b
-    default_out = (compare.DEFAULT_OUT_1B if args.synthetic_1b else
-                   f"{compare.DEFAULT_OUT}_{compare.user_slug(args.model)}" if user else compare.DEFAULT_OUT)
-    out_dir = Path(args.out or default_out)
-    doc = Path(args.doc or (out_dir / "comparisons.md" if user else compare.DEFAULT_DOC))
-    title = args.model if user else None
+    doc = Path(args.doc) if args.doc else None
     if args.render_only:
         with reported(FileNotFoundError):
-            res = compare.write_doc(out_dir, doc, synthetic_1b=args.synthetic_1b, title=title)
+            if args.out is None and not user:  # the shared page: every host's run, redrawn whole
+                res = compare.write_page("benchmarks/results", doc or compare.DEFAULT_DOC)
+            else:
+                out_dir = Path(args.out or f"{compare.DEFAULT_OUT}_{compare.user_slug(args.model)}")
+                shared = compare.is_shared_page(out_dir, Path(compare.DEFAULT_DOC))
+                res = compare.draw(out_dir, doc or (Path(compare.DEFAULT_DOC) if shared else
+                                                    out_dir / "comparisons.md"),
+                                   synthetic_1b=args.synthetic_1b, title=args.model if user else None)
         print(json.dumps(res))
         return 0
     if not llamacpp_runner.available():
@@ -87,6 +90,14 @@ def run(args: argparse.Namespace) -> int:
     allowed = sorted(os.sched_getaffinity(0))
     cpus = pinning.parse_int_list(args.cpus, "--cpus", minimum=0) or None
     cores = pinning.core_set(cpus, args.threads, allowed)
+    # the default model's and the 1B's runs live one directory per host: a run here never
+    # replaces another machine's
+    default_out = (f"{compare.DEFAULT_OUT}_{compare.user_slug(args.model)}" if user else
+                   Path(compare.DEFAULT_OUT_1B if args.synthetic_1b else compare.DEFAULT_OUT)
+                   / compare.host_slug(compare.this_host(cores)))
+    out_dir = Path(args.out or default_out)
+    doc = doc or (out_dir / "comparisons.md" if user else Path(compare.DEFAULT_DOC))
+    title = args.model if user else None
     if min(args.passes, args.reps, args.fidelity_greedy_tokens, args.fidelity_chunks) < 1:
         raise speed.SpeedArgError("--passes, --reps, --fidelity-greedy-tokens and --fidelity-chunks "
                                   "must be at least 1")

@@ -448,7 +448,8 @@ def _family(rel: Path, data: dict) -> str:
     """A directory's artifacts are one family (each grid run its own); a top-level file is its
     measurement's family."""
     if len(rel.parts) > 1:
-        return "/".join(rel.parts[:2]) if rel.parts[0] == "grid" else rel.parts[0]
+        # each grid run, and each host's compare run, is a family of its own
+        return "/".join(rel.parts[:2]) if rel.parts[0] in ("grid", "compare", "compare_1b") else rel.parts[0]
     kind = data.get("benchmark") or data.get("kind") or data.get("bench")
     if kind:
         return str(kind)
@@ -583,9 +584,6 @@ def report(results_dir: str | os.PathLike = DEFAULT_RESULTS, doc: str | os.PathL
 def compare_pages(results_dir: Path, doc: Path) -> list[str]:
     """Redraw docs/results/comparisons.md from each `vllm-edge compare` run under the results
     (as `vllm-edge compare --render-only` does)."""
-    written = []
-    for name, synthetic_1b in (("compare", False), ("compare_1b", True)):
-        out = results_dir / name
-        if (out / "speed" / "summary.json").exists():
-            written.append(compare.write_doc(out, doc, synthetic_1b=synthetic_1b)["doc"])
-    return sorted(set(written))
+    if not any(compare.host_dirs(results_dir / Path(base).name) for base, _, _ in compare.MODEL_SECTIONS):
+        return []
+    return [compare.write_page(results_dir, doc)["doc"]]

@@ -18,7 +18,7 @@ COMMANDS = {name: f"vllm_edge.cli.{module}" for name, module in (
     ("doctor", "doctor"), ("models", "models"), ("run", "run"), ("serve", "serve"),
     ("bench", "bench"), ("quantize", "quantize"), ("grid", "grid"), ("fidelity", "fidelity"),
     ("report", "report"), ("agent", "agent"), ("compare", "compare"), ("bandwidth", "bandwidth"),
-    ("ps", "ps"), ("stop", "stop"),
+    ("ps", "ps"), ("stop", "stop"), ("speak", "speak"),
 )}
 
 

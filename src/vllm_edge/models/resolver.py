@@ -23,6 +23,10 @@ from vllm_edge.quant import formats
 from vllm_edge.quant.groups import DEFAULT_GROUP
 
 
+# The embedded speech model's names: 'speech', and the talker's own key.
+SPEECH_KEYS = ("speech", "talker-135m")
+
+
 @dataclass
 class Fit:
     """What a source becomes for a chosen format: the format to build (``None``: bf16, or the
@@ -90,6 +94,21 @@ class Vlm(Source):
         if named:
             scheme, group = named, named_group
         return store.ensure_vlm(scheme, group or DEFAULT_GROUP, vision)
+
+
+@dataclass(frozen=True)
+class Speech(Source):
+    """The embedded speech model ('speech'): a talker around the embedded LM that emits Mimi
+    codec frames, with synthetic codec weights (docs/guide/speech.md)."""
+    kind = "speech"
+
+    def fit(self, scheme: str | None, name: str | None = None) -> Fit:
+        from vllm_edge.models.speech import talker
+
+        return _fallback(scheme, name, list(talker.FORMATS), talker.KEY) or Fit(scheme)
+
+    def build(self, scheme: str | None = None, group: int | None = None) -> Path:
+        return store.ensure_talker(scheme, group or DEFAULT_GROUP)
 
 
 @dataclass(frozen=True)
@@ -190,6 +209,8 @@ def resolve(arg: str) -> Source:
     parsed = vlm.parse_key(arg)
     if parsed:
         return Vlm(arg, parsed)
+    if arg in SPEECH_KEYS:
+        return Speech(arg)
     if arg == "default" or arg in store.MODELS:
         return Embedded(arg)
     if store.is_gguf(arg):

@@ -363,6 +363,22 @@ def ensure_vlm(scheme: str | None, group: int, vision: bool) -> Path:
     return vlm.quantized_dir(scheme, group, vision) if scheme else vlm.prepared_dir()
 
 
+def ensure_talker(scheme: str | None, group: int = DEFAULT_GROUP) -> Path:
+    """The embedded speech model's build (bf16 when ``scheme`` is None): the talker around the
+    converted default model, made on first use in a child process."""
+    from vllm_edge.models.speech import talker
+
+    done = talker.quantized_dir(scheme, group) if scheme else talker.prepared_dir()
+    if not atomic.kind_of(done):
+        source_gguf(resolve_key("default"))  # clear error if the package is missing
+        if scheme:
+            child.run("vllm_edge.models.speech.talker:prepare_quantized", talker.KEY, scheme=scheme,
+                      group=group)
+        else:
+            child.run("vllm_edge.models.speech.talker:prepare", talker.KEY)
+    return done
+
+
 def keeps_codes(scheme: str | None, group: int | None) -> bool:
     """Whether an embedded model's build in ``scheme`` at ``group`` is the repack of its GGUF
     (the file's own codes: Q4_1 blocks of 32 as cpu_int4 g32, its Q8_0 embedding as cpu_int8)

@@ -67,10 +67,12 @@ from vllm_edge.common.errors import EdgeError
 from vllm_edge.runtime.images import ImageInputError, ImageLimits, validate_image_urls
 from vllm_edge.serving.gate_compile import CompileRefused, SchemaCompiler, targets
 
+from vllm_edge.serving.speech import SPEECH_PATH, SpeechError  # the route the gate answers itself
+
 # The OpenAI-style error "type" per status, as vLLM names them (HTTP phrase + "Error").
 ERROR_TYPES = {400: "BadRequestError", 401: "UnauthorizedError", 403: "ForbiddenError",
-               408: "RequestTimeoutError", 413: "RequestEntityTooLargeError",
-               415: "UnsupportedMediaTypeError"}
+               404: "NotFoundError", 408: "RequestTimeoutError", 413: "RequestEntityTooLargeError",
+               415: "UnsupportedMediaTypeError", 503: "ServiceUnavailableError"}
 # The only paths answered without the key: liveness probes that say nothing about the model.
 OPEN_PATHS = frozenset({"/health", "/ping", "/version"})
 # Sequences one request may start, in units of the server's --max-num-seqs: n up to
@@ -519,6 +521,7 @@ class RequestGate:
         self.compiler: SchemaCompiler | None = None
         if self.config.tokenizer and self.config.schema_compile_s > 0:
             self.compiler = SchemaCompiler(self.config.tokenizer, self.config.schema_compile_s)
+        self._speech: Any = None  # serving.speech.SpeechRoute, made on the first speech request
 
     def __repr__(self) -> str:  # no keys in logs
         cfg = dataclasses.replace(self.config, api_keys=("***",) * len(self.config.api_keys))
@@ -625,6 +628,10 @@ class RequestGate:
                 await _refuse(send, exc)
                 return
 
+        if _route(scope) == SPEECH_PATH:  # vLLM has no such route: answered here, after the checks
+            await self._speak(scope, body, receive, send)
+            return
+
         replayed = False
 
         async def replay() -> Message:
@@ -636,10 +643,32 @@ class RequestGate:
 
         await self.app(scope, replay, send)
 
+    async def _speak(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
+        from vllm_edge.serving import speech
+
+        try:
+            if self._speech is None:
+                if not speech.SpeechRoute.speaks(self.config.tokenizer):
+                    raise GateError(f"{SPEECH_PATH}: this server's model does not speak (its "
+                                    "config.json has no speech block); serve a speech model, e.g. "
+                                    "`vllm-edge serve --model speech`", status=404)
+                self._speech = await asyncio.to_thread(speech.SpeechRoute, self.config.tokenizer)
+            await self._speech(scope, body, send, receive)
+        except SpeechError as exc:
+            await _refuse(send, GateError(str(exc), exc.status, exc.param))
+        except GateError as exc:
+            await _refuse(send, exc)
+
     def _too_large(self, size: int, at_least: bool = False) -> GateError:
         return GateError(f"request body of {'over ' if at_least else ''}{size} bytes is over the "
                          f"limit of {self.config.body_cap} bytes (VLLM_EDGE_MAX_BODY_BYTES)",
                          status=413)
+
+
+def _route(scope: Scope) -> str:
+    """The request's path below the server's root path."""
+    path, root = scope.get("path", ""), scope.get("root_path", "")
+    return (path[len(root):] or "/") if root and path.startswith(root) else path
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:

@@ -44,7 +44,7 @@ def register() -> None:
         from vllm_edge import patches
 
         loaded = patches.load_all()
-        from vllm_edge import attention, kernels, quant
+        from vllm_edge import attention, kernels, models, quant
         from vllm_edge.common import timeline
 
         timeline.install()  # measurement only: nothing unless VLLM_EDGE_TIMELINE is set
@@ -56,7 +56,7 @@ def register() -> None:
         except Exception as exc:  # a startup shortcut must never stop vLLM from starting
             _isa_probe = f"error: {exc}"
 
-        for reg in [*quant.register(), *kernels.register(), *attention.register()]:
+        for reg in [*quant.register(), *kernels.register(), *attention.register(), *models.register()]:
             if reg not in _registrations:
                 _registrations.append(reg)
         from vllm_edge.runtime import gc_freeze

@@ -22,11 +22,18 @@ from vllm_edge.quant import pack, repack
 TYPES = {"token_embd.weight": "Q8_0", "blk.0.attn_q.weight": "Q4_K", "blk.0.attn_k.weight": "Q4_0",
          "blk.0.attn_v.weight": "Q4_1", "blk.0.attn_output.weight": "Q4_0",
          "blk.0.ffn_gate.weight": "Q4_1", "blk.0.ffn_up.weight": "Q4_K", "blk.0.ffn_down.weight": "Q4_K"}
+# Phi-3's fused tensors, as llama.cpp's convert writes them
+PHI3_TYPES = {"token_embd.weight": "Q8_0", "blk.0.attn_qkv.weight": "Q4_K", "blk.0.attn_output.weight": "Q4_0",
+              "blk.0.ffn_up.weight": "Q4_1", "blk.0.ffn_down.weight": "Q4_K"}
 HIDDEN, FFN = 256, 512
 # Qwen3's head size is its own (attention.key_length): 128 here, not hidden / heads = 64
-HEAD = {"qwen2": None, "qwen3": 128, "gemma3": 128}
-MODEL_TYPE = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+HEAD = {"qwen2": None, "qwen3": 128, "gemma3": 128, "gemma2": 128, "phi3": None}
+MODEL_TYPE = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text", "gemma2": "gemma2", "phi3": "phi3"}
 FAMILIES = tuple(HEAD)
+
+
+def types(arch):
+    return PHI3_TYPES if arch == "phi3" else TYPES
 
 
 def load(path):
@@ -52,7 +59,7 @@ def dequantized(t) -> torch.Tensor:
 def family_file(request, tmp_path_factory):
     arch = request.param
     d = tmp_path_factory.mktemp(arch)
-    src = tiny_llama_gguf(d / f"{arch}.gguf", hidden=HIDDEN, ffn=FFN, types=TYPES, arch=arch,
+    src = tiny_llama_gguf(d / f"{arch}.gguf", hidden=HIDDEN, ffn=FFN, types=types(arch), arch=arch,
                           head_dim=HEAD[arch])
     return arch, src, import_gguf(src, d / "bf16", progress=False), repack_gguf(src, d / "rp", progress=False)
 
@@ -70,9 +77,12 @@ def test_the_import_holds_ggufs_dequantization_under_the_familys_names(family_fi
         assert torch.equal(w[name], ref.to(torch.bfloat16)), name  # no row permutation
     if arch == "qwen2":
         assert {"model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.v_proj.bias"} <= set(w)
-    else:
+    elif arch in ("qwen3", "gemma3"):
         assert w["model.layers.0.self_attn.q_norm.weight"].shape == (HEAD[arch],)
-    if arch == "gemma3":
+    if arch == "phi3":  # the fused tensors whole: q, k, v rows and gate, up rows in the file's order
+        assert w["model.layers.0.self_attn.qkv_proj.weight"].shape == ((4 + 2 * 2) * 64, HIDDEN)
+        assert w["model.layers.0.mlp.gate_up_proj.weight"].shape == (2 * FFN, HIDDEN)
+    if arch in ("gemma3", "gemma2"):
         assert {"model.layers.0.pre_feedforward_layernorm.weight",
                 "model.layers.0.post_feedforward_layernorm.weight"} <= set(w)
     cfg = json.loads((imported / "config.json").read_text())
@@ -87,14 +97,16 @@ def test_the_repack_keeps_codes_in_the_files_row_order(family_file):
     fam = gguf_families.FAMILIES[arch]
     w, ref = load(rp), load(imported)
     report = json.loads((rp / gguf_repack.REPORT_NAME).read_text())
+    chosen = types(arch)
     # the Q8_0 embedding keeps its codes as cpu_int8, and the tied head reads it
-    assert report["routes"] == {"repack": 7, "repack8": 1} and 0 < report["max_error_over_bound"] <= 1
+    assert report["routes"] == {"repack": len(chosen) - 1, "repack8": 1}
+    assert 0 < report["max_error_over_bound"] <= 1
     for g, t in gguf_tensors(src).items():
         name = gguf_repack.hf_name(src, g, fam)
         base = name[: -len(".weight")]
-        if TYPES.get(g, "Q8_0") != "Q8_0":
+        if chosen.get(g, "Q8_0") != "Q8_0":
             n, k = int(t.shape[1]), int(t.shape[0])
-            r = repack.decode(TYPES[g], torch.from_numpy(np.array(t.data).reshape(n, -1)), k, g)
+            r = repack.decode(chosen[g], torch.from_numpy(np.array(t.data).reshape(n, -1)), k, g)
             for suffix, v in r.tensors().items():
                 assert torch.equal(w[f"{base}.{suffix}"], v), (g, suffix)
             got = pack.dequantize_plain(w[f"{base}.weight_packed"], w[f"{base}.weight_scale"],
@@ -112,6 +124,8 @@ def test_a_q_k_row_permutation_would_be_caught(family_file, tmp_path, monkeypatc
     import dataclasses
 
     arch, src, imported, _ = family_file
+    if arch == "phi3":
+        pytest.skip("Phi-3's q rows are in the fused qkv_proj, which no family permutes")
     fam = gguf_families.FAMILIES[arch]
     monkeypatch.setitem(gguf_families.FAMILIES, arch, dataclasses.replace(fam, rope_permuted=True))
     out = repack_gguf(src, tmp_path / "rp", progress=False)
@@ -122,15 +136,18 @@ def test_a_q_k_row_permutation_would_be_caught(family_file, tmp_path, monkeypatc
     assert (got - ref).norm() / ref.norm() > 0.5
 
 
-@pytest.mark.parametrize("arch", FAMILIES)
+@pytest.mark.parametrize("arch", [a for a in FAMILIES if a != "gemma2"])  # Gemma 2's head is tied
 def test_an_untied_head_and_an_unkept_type_kept_bf16(tmp_path, arch):
+    q = "blk.0.attn_qkv.weight" if arch == "phi3" else "blk.0.attn_q.weight"
     src = tiny_llama_gguf(tmp_path / "t.gguf", hidden=HIDDEN, ffn=FFN, arch=arch, head_dim=HEAD[arch],
-                          tied=False, types={**TYPES, "output.weight": "Q4_0", "blk.0.attn_q.weight": "Q3_K"})
+                          tied=False, types={**types(arch), "output.weight": "Q4_0", q: "Q3_K"})
     out = repack_gguf(src, tmp_path / "rp", requantize=False, keep_embedding=True, progress=False)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["tie_word_embeddings"] is False
+    # a bf16 tensor takes its fused siblings with it (Phi-3's are one tensor already)
+    parts = ("qkv_proj",) if arch == "phi3" else ("k_proj", "q_proj", "v_proj")
     assert cfg["quantization_config"]["modules_to_not_convert"] == [
-        f"model.layers.0.self_attn.{p}" for p in ("k_proj", "q_proj", "v_proj")]
+        f"model.layers.0.self_attn.{p}" for p in parts]
     assert "lm_head.weight_packed" in load(out)
     imported = json.loads((import_gguf(src, tmp_path / "bf16", progress=False) / "config.json").read_text())
     assert imported["tie_word_embeddings"] is False
@@ -167,6 +184,14 @@ def _rewrite(src, dst, drop=(), add=None):
     ("qwen3", ["blk.0.attn_q_norm.weight"], None, r"missing tensor blk\.0\.attn_q_norm\.weight"),
     ("qwen3", [], {"blk.0.attn_gate.weight": np.zeros((256, 4), np.float32)},
      r"tensor blk\.0\.attn_gate\.weight has no place in a Qwen3 checkpoint"),
+    # llama.cpp reads Gemma 2's head from the embedding: a head of its own would be dropped
+    ("gemma2", [], {"output.weight": np.zeros((32, 256), np.float32)},
+     r"tensor output\.weight has no place in a Gemma 2 checkpoint"),
+    ("gemma2", ["blk.0.post_ffw_norm.weight"], None, r"missing tensor blk\.0\.post_ffw_norm\.weight"),
+    ("phi3", [], {"rope_factors_long.weight": np.ones(32, np.float32)},
+     r"tensor rope_factors_long\.weight: LongRoPE .* is not mapped yet"),
+    ("phi3", ["blk.0.ffn_up.weight"], {"blk.0.ffn_up.weight": np.zeros((512, 256), np.float32)},
+     r"tensor blk\.0\.ffn_up\.weight has shape \[256, 512\], but the metadata makes it \[256, 1024\]"),
 ])
 def test_a_file_that_does_not_fit_its_family_is_refused_naming_the_tensor(tmp_path, arch, drop, add, match):
     good = tiny_llama_gguf(tmp_path / "good.gguf", hidden=HIDDEN, ffn=FFN, arch=arch, head_dim=HEAD[arch])
@@ -239,3 +264,37 @@ def test_a_family_file_as_a_model_argument_builds_both_routes(tmp_path, monkeypa
         cfg = json.loads((out / "config.json").read_text())
         assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["head_dim"] == HEAD["qwen3"]
         assert (cfg.get("quantization_config") or {}).get("quant_method") == method
+
+
+def test_the_gemma2_and_phi3_configs_follow_the_metadata(family_file):
+    """What transformers' reading leaves at the config class's defaults, from the file as
+    llama.cpp reads it: Gemma 2's soft-caps, window, local/global layers and attention scale;
+    Phi-3's tied head, its padding id, no window (llama.cpp turns it off), the whole head rotated."""
+    arch, _, imported, rp = family_file
+    if arch not in ("gemma2", "phi3"):
+        pytest.skip("the other families' configs are checked above")
+    for out in (imported, rp):
+        cfg = json.loads((out / "config.json").read_text())
+        if arch == "gemma2":
+            assert (cfg["attn_logit_softcapping"], cfg["final_logit_softcapping"]) == (20.0, 15.0)
+            assert cfg["sliding_window"] == 16 and cfg["layer_types"] == ["sliding_attention"]
+            assert cfg["query_pre_attn_scalar"] == HEAD["gemma2"] and cfg["head_dim"] == HEAD["gemma2"]
+        else:
+            assert cfg["sliding_window"] is None and cfg["pad_token_id"] is None
+            assert cfg["tie_word_embeddings"] is True
+            assert cfg["rope_parameters"]["partial_rotary_factor"] == 1.0
+
+
+@pytest.mark.parametrize("pattern,want", [
+    (None, "LGLG"), (3, "LLGL"), (0, "LLLL"), ([False, True, True, False], "GLLG")])
+def test_gemma2_local_layers_follow_llama_cpps_pattern(tmp_path, pattern, want):
+    """Layer i is local when i % n < n - 1 for a period n (2 when the file has none; 0: all local),
+    or as the file's flags say."""
+    from vllm_edge.models.gguf_import import gemma2_layer_types, inspect_gguf
+
+    meta = {} if pattern is None else {"gemma2.attention.sliding_window_pattern": pattern}
+    info = inspect_gguf(tiny_llama_gguf(tmp_path / "g.gguf", hidden=HIDDEN, ffn=FFN, arch="gemma2",
+                                        head_dim=HEAD["gemma2"]))
+    info.metadata.update(meta)
+    got = "".join("L" if t == "sliding_attention" else "G" for t in gemma2_layer_types(info, 4))
+    assert got == want

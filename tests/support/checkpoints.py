@@ -56,7 +56,9 @@ def tiny_llama_gguf(path: Path, *, hidden: int = 32, ffn: int = 64, types: dict[
     ``output.weight``. ``arch`` "qwen2" adds f32 q/k/v biases, "qwen3" q/k norms and the head
     size ``head_dim`` (default hidden / heads) as attention.key_length; "gemma3" Gemma 3's four
     norms a block (stored as 1 + w, as llama.cpp's convert writes them), q/k norms and the key
-    length. ``add_bos`` writes tokenizer.ggml.add_bos_token; ``chat_template=False`` leaves the
+    length; "gemma2" Gemma 2's four norms (1 + w), the key length, soft-caps of 20 (attention)
+    and 15 (final) and a window of 16; "phi3" llama.cpp's fused attn_qkv (q, k, v rows) and
+    ffn_up (gate rows, then up) in place of the separate ones. ``add_bos`` writes tokenizer.ggml.add_bos_token; ``chat_template=False`` leaves the
     template out."""
     import gguf
     import numpy as np
@@ -76,9 +78,13 @@ def tiny_llama_gguf(path: Path, *, hidden: int = 32, ffn: int = 64, types: dict[
     w.add_head_count_kv(kv_heads)
     head = head_dim or hidden // heads
     w.add_rope_dimension_count(head)
-    if arch in ("qwen3", "gemma3"):
+    if arch in ("qwen3", "gemma3", "gemma2"):
         w.add_key_length(head)
         w.add_value_length(head)
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(20.0)
+        w.add_final_logit_softcapping(15.0)
+        w.add_sliding_window(16)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
     w.add_vocab_size(len(tokens))
@@ -112,12 +118,16 @@ def tiny_llama_gguf(path: Path, *, hidden: int = 32, ffn: int = 64, types: dict[
     tensor("token_embd.weight", (len(tokens), hidden))
     if not tied:
         tensor("output.weight", (len(tokens), hidden))
-    norms = ("attn_norm", "ffn_norm") + (("post_attention_norm", "post_ffw_norm") if arch == "gemma3" else ())
+    gemma = arch in ("gemma3", "gemma2")
+    norms = ("attn_norm", "ffn_norm") + (("post_attention_norm", "post_ffw_norm") if gemma else ())
     for name in [f"blk.0.{n}.weight" for n in norms] + ["output_norm.weight"]:
         tensor(name, (hidden,))
-    tensor("blk.0.attn_q.weight", (q, hidden))
-    tensor("blk.0.attn_k.weight", (kv, hidden))
-    tensor("blk.0.attn_v.weight", (kv, hidden))
+    if arch == "phi3":
+        tensor("blk.0.attn_qkv.weight", (q + 2 * kv, hidden))
+    else:
+        tensor("blk.0.attn_q.weight", (q, hidden))
+        tensor("blk.0.attn_k.weight", (kv, hidden))
+        tensor("blk.0.attn_v.weight", (kv, hidden))
     if arch == "qwen2":
         for name, n in (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
             tensor(f"blk.0.{name}.bias", (n,))
@@ -125,8 +135,11 @@ def tiny_llama_gguf(path: Path, *, hidden: int = 32, ffn: int = 64, types: dict[
         tensor("blk.0.attn_q_norm.weight", (head,))
         tensor("blk.0.attn_k_norm.weight", (head,))
     tensor("blk.0.attn_output.weight", (hidden, q))
-    tensor("blk.0.ffn_gate.weight", (ffn, hidden))
-    tensor("blk.0.ffn_up.weight", (ffn, hidden))
+    if arch == "phi3":
+        tensor("blk.0.ffn_up.weight", (2 * ffn, hidden))
+    else:
+        tensor("blk.0.ffn_gate.weight", (ffn, hidden))
+        tensor("blk.0.ffn_up.weight", (ffn, hidden))
     tensor("blk.0.ffn_down.weight", (hidden, ffn))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -183,13 +196,16 @@ def tiny_llama_dir(src: Path) -> Path:
     return src
 
 
-def llama_as_family(src: Path, dst: Path, arch: str, *, bias_std: float = 0.1, seed: int = 0) -> Path:
-    """A real llama GGUF (``src``) rewritten as a ``qwen2`` or ``qwen3`` one, for checking those
-    families against llama.cpp with trained weights: the ``llama.*`` metadata renamed, attn_q and
-    attn_k put back in HF row order (the rows of a block-quantized tensor move whole, so the
-    codes are the file's own), and what the family adds: random f32 q/k/v biases (qwen2), unit
-    q/k norms and attention.key_length (qwen3). Not the same model as ``src`` (the biases and
-    norms change it), but a trained-weight model of that family that both engines must agree on."""
+def llama_as_family(src: Path, dst: Path, arch: str, *, bias_std: float = 0.1, seed: int = 0,
+                    layers: int | None = None) -> Path:
+    """A real llama GGUF (``src``) rewritten as another family's, for checking that family against
+    llama.cpp with trained weights: the ``llama.*`` metadata renamed, attn_q and attn_k put back
+    in HF row order (the rows of a block-quantized tensor move whole, so the codes are the file's
+    own), and what the family adds: random f32 q/k/v biases (qwen2); unit q/k norms and
+    attention.key_length (qwen3); q, k and v fused into attn_qkv
+    and gate and up into ffn_up, in llama.cpp's row order (phi3). ``layers`` keeps the first
+    blocks only. Not the same model as ``src`` (what is added changes it), but a trained-weight
+    model of that family that both engines must agree on."""
     import gguf
     import numpy as np
 
@@ -200,32 +216,53 @@ def llama_as_family(src: Path, dst: Path, arch: str, *, bias_std: float = 0.1, s
     meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
     heads, kv_heads = meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]
     head = meta["llama.embedding_length"] // heads
+    keep = layers or meta["llama.block_count"]
     w = gguf.GGUFWriter(str(dst), arch)
     for k, f in r.fields.items():
         if k.startswith("GGUF.") or k == "general.architecture":
             continue
+        value = keep if k == "llama.block_count" else f.contents()
         sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(k.replace("llama.", f"{arch}.", 1) if k.startswith("llama.") else k,
-                        f.contents(), f.types[0], sub_type=sub)
+                        value, f.types[0], sub_type=sub)
     if arch in ("qwen3", "gemma3"):
         w.add_key_length(head)
         w.add_value_length(head)
+    tensors = {}  # name -> (raw data, type), in the file's order
     for t in r.tensors:
+        m = t.name.split(".")
+        if m[0] == "blk" and int(m[1]) >= keep:
+            continue
         data = np.array(t.data)
-        kind = t.name.split(".")[-2] if t.name.startswith("blk.") else ""
+        kind = m[2] if m[0] == "blk" else ""
         if kind in ("attn_q", "attn_k"):
             data = data[rope_rows(data.shape[0], heads if kind == "attn_q" else kv_heads).numpy()]
-        w.add_tensor(t.name, data, raw_shape=data.shape, raw_dtype=t.tensor_type)
+        tensors[t.name] = (data, t.tensor_type)
+
+    def add(name: str, data, qtype) -> None:
+        w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
+
+    for name, (data, qtype) in tensors.items():
+        kind = name.split(".")[2] if name.startswith("blk.") else ""
+        layer = name.rsplit(".", 2)[0]
+        if arch == "phi3" and kind in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"):
+            if kind == "attn_v":
+                parts = [tensors[f"{layer}.{p}.weight"] for p in ("attn_q", "attn_k", "attn_v")]
+                add(f"{layer}.attn_qkv.weight", np.concatenate([d for d, _ in parts]), qtype)
+            elif kind == "ffn_up":
+                parts = [tensors[f"{layer}.{p}.weight"] for p in ("ffn_gate", "ffn_up")]
+                add(f"{layer}.ffn_up.weight", np.concatenate([d for d, _ in parts]), qtype)
+            continue
+        add(name, data, qtype)
         if kind == "attn_v" and arch == "qwen2":
-            layer = t.name.rsplit(".", 2)[0]
-            for name, n in (("attn_q", heads * head), ("attn_k", kv_heads * head), ("attn_v", kv_heads * head)):
-                w.add_tensor(f"{layer}.{name}.bias", (rng.standard_normal(n) * bias_std).astype(np.float32))
+            for p, n in (("attn_q", heads * head), ("attn_k", kv_heads * head), ("attn_v", kv_heads * head)):
+                w.add_tensor(f"{layer}.{p}.bias", (rng.standard_normal(n) * bias_std).astype(np.float32))
         if kind == "attn_v" and arch == "qwen3":
-            layer = t.name.rsplit(".", 2)[0]
-            for name in ("attn_q_norm", "attn_k_norm"):
-                w.add_tensor(f"{layer}.{name}.weight", np.ones(head, np.float32))
+            for p in ("attn_q_norm", "attn_k_norm"):
+                w.add_tensor(f"{layer}.{p}.weight", np.ones(head, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return dst
+

@@ -4,13 +4,16 @@ A family says, for its GGUF files: which llama.cpp tensor goes to which Hugging 
 what its shape must be (from the hyperparameters), which HF class runs it, whether llama.cpp's
 convert permuted the q/k rows for its rope (only ``LlamaModel`` and the classes derived from it
 do; Qwen2 and Qwen3 use the NEOX rope and keep HF's row order), and whether its norms are
-stored as ``1 + w`` (Gemma: HF keeps ``w`` and adds the 1 in the model). The bf16 import
+stored as ``1 + w`` (Gemma: HF keeps ``w`` and adds the 1 in the model), whether its head is always the embedding
+(Gemma 2: llama.cpp reads no ``output.weight``), and which tensors it refuses by name with the
+reason (Phi-3's LongRoPE factors). The bf16 import
 (:mod:`.gguf_import`), the cpu_int4 repack (:mod:`.gguf_repack`) and the models guide read
 :data:`FAMILIES`; a file of any other architecture is refused by name with this list.
 
 Shapes are in GGUF order (a row's length first), in units of: ``hidden`` (embedding_length),
 ``ffn`` (feed_forward_length), ``q`` (heads x head size), ``kv`` (KV heads x head size),
-``head`` (the head size).
+``head`` (the head size), ``qkv`` (q + 2 kv: a fused q/k/v, in that row order), ``ffn2`` (2 x ffn:
+a fused gate and up, gate rows first).
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ class Family:
     # the metadata key (after "<arch>.") with the head size, when the HF class reads it from
     # the config; None: the class takes hidden / heads
     head_key: str | None = "attention.key_length"
+    tied_only: bool = False         # llama.cpp reads the embedding as the head; no output.weight
+    partial_rope: bool = False      # rope.dimension_count below the head size is mapped, not refused
+    # tensors the family's files may carry that we refuse, with the reason quoted
+    refused: dict[str, str] = field(default_factory=dict, repr=False)
 
     def layer_names(self) -> dict[str, str]:
         return {g: hf for g, (hf, _) in self.layer.items()}
@@ -75,7 +82,29 @@ GEMMA3 = Family("gemma3", "Gemma 3", "Gemma3ForCausalLM", rope_permuted=False, n
     **_QK_NORM,
 })
 
-FAMILIES: dict[str, Family] = {f.arch: f for f in (LLAMA, QWEN2, QWEN3, GEMMA3)}
+# Gemma 2: Gemma 3's block without the q/k norms; the head is always the embedding. Attention
+# and final logit soft-capping, the sliding window and its local/global alternation and the
+# attention scale are config fields (gguf_import.read_config), not tensors.
+GEMMA2 = Family("gemma2", "Gemma 2", "Gemma2ForCausalLM", rope_permuted=False, norm_plus_one=True,
+                tied_only=True, layer={g: v for g, v in GEMMA3.layer.items() if g not in _QK_NORM})
+
+_LONGROPE = ("LongRoPE (rope_factors_long/short, the 128k Phi-3 models) is not mapped yet: "
+             "nothing here checks it against llama.cpp; use a file without them (the 4k models)")
+# Phi-3: llama.cpp's convert keeps HF's fused projections: attn_qkv (q, k, v rows) and ffn_up
+# (gate rows, then up: ggml's swiglu takes the first half through the activation), which
+# Phi3ForCausalLM loads as qkv_proj and gate_up_proj. NEOX rope, so rows as stored; no biases.
+PHI3 = Family("phi3", "Phi-3", "Phi3ForCausalLM", rope_permuted=False, head_key=None, partial_rope=True,
+              refused={"rope_factors_long.weight": _LONGROPE, "rope_factors_short.weight": _LONGROPE},
+              layer={
+    "attn_norm.weight": ("input_layernorm.weight", ("hidden",)),
+    "ffn_norm.weight": ("post_attention_layernorm.weight", ("hidden",)),
+    "attn_qkv.weight": ("self_attn.qkv_proj.weight", ("hidden", "qkv")),
+    "attn_output.weight": ("self_attn.o_proj.weight", ("q", "hidden")),
+    "ffn_up.weight": ("mlp.gate_up_proj.weight", ("hidden", "ffn2")),
+    "ffn_down.weight": ("mlp.down_proj.weight", ("ffn", "hidden")),
+})
+
+FAMILIES: dict[str, Family] = {f.arch: f for f in (LLAMA, QWEN2, QWEN3, GEMMA3, GEMMA2, PHI3)}
 
 # Tensors outside the blocks, for every family; output.weight is absent when the head is tied.
 GLOBAL = {"token_embd.weight": ("model.embed_tokens.weight", ("hidden", "vocab")),

@@ -278,9 +278,9 @@ def check_header(info: GgufInfo, fam: gguf_families.Family) -> None:
     embd = tensors.get("token_embd.weight")
     vocab = embd.dims[-1] if embd else 0
     sizes = {"hidden": hidden, "ffn": ffn, "q": heads * head_dim, "kv": kv_heads * head_dim,
-             "head": head_dim, "vocab": vocab}
+             "head": head_dim, "vocab": vocab, "qkv": (heads + 2 * kv_heads) * head_dim, "ffn2": 2 * ffn}
     want = {g: tuple(sizes[d] for d in dims) for g, (_, dims) in gguf_families.GLOBAL.items()
-            if g != "output.weight" or g in tensors}
+            if g != "output.weight" or (g in tensors and not fam.tied_only)}
     for i in range(layers):
         want.update({f"blk.{i}.{t}": tuple(sizes[d] for d in dims) for t, (_, dims) in fam.layer.items()})
     for name, shape in want.items():
@@ -296,6 +296,9 @@ def check_header(info: GgufInfo, fam: gguf_families.Family) -> None:
                               f"token_embd.weight has {vocab} rows")
     if fam is not gguf_families.LLAMA:  # llama files keep what they did (rope_freqs is ignored)
         extra = sorted(set(tensors) - set(want))
+        refused = next((t for t in extra if t in fam.refused), None)
+        if refused:
+            raise GgufImportError(f"{path}: tensor {refused}: {fam.refused[refused]}")
         if extra:
             raise GgufImportError(f"{path}: tensor {extra[0]} has no place in a {fam.title} "
                                   f"checkpoint ({len(extra)} such tensors)")
@@ -303,6 +306,50 @@ def check_header(info: GgufInfo, fam: gguf_families.Family) -> None:
         if scaling != "none":
             raise GgufImportError(f"{path}: metadata {arch}.rope.scaling.type={scaling!r}: rope "
                                   "scaling is not supported for this architecture yet")
+        rot = meta.get(f"{arch}.rope.dimension_count", head_dim)
+        if type(rot) is not int or not 0 < rot <= head_dim or rot % 2 or (rot != head_dim and not fam.partial_rope):
+            raise GgufImportError(f"{path}: metadata {arch}.rope.dimension_count={rot!r}, but the head "
+                                  f"size is {head_dim}" + ("" if fam.partial_rope else
+                                                           f": a {fam.title} rotates the whole head"))
+        if fam is gguf_families.GEMMA2:
+            _check_gemma2(info, layers)
+
+
+def _check_gemma2(info: GgufInfo, layers: int) -> None:
+    """The Gemma 2 metadata read_config maps, checked (llama.cpp's defaults where it has one)."""
+    path, meta = info.path, info.metadata
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        v = meta.get(f"gemma2.{key}", 1.0)
+        if type(v) not in (int, float) or not 0 < v < math.inf:
+            raise GgufImportError(f"{path}: metadata gemma2.{key}={v!r}; expected a positive number")
+    window = meta.get("gemma2.attention.sliding_window", 1)
+    if type(window) is not int or window < 1:
+        raise GgufImportError(f"{path}: metadata gemma2.attention.sliding_window={window!r}; expected "
+                              "a positive integer")
+    base, local = meta.get("gemma2.rope.freq_base"), meta.get("gemma2.rope.freq_base_swa")
+    if local is not None and local != base:
+        raise GgufImportError(f"{path}: metadata gemma2.rope.freq_base_swa={local!r} differs from "
+                              f"gemma2.rope.freq_base={base!r}: Gemma2ForCausalLM has one rope base")
+    gemma2_layer_types(info, layers)
+
+
+def gemma2_layer_types(info: GgufInfo, layers: int) -> list[str]:
+    """Which layers attend through the sliding window, as llama.cpp reads them: every other one
+    from the first (a period of 2), or attention.sliding_window_pattern when the file has it (a
+    period n: layer i is local when i % n < n - 1, all local for 0; or one flag a layer)."""
+    path, meta = info.path, info.metadata
+    pattern = meta.get("gemma2.attention.sliding_window_pattern", 2)
+    if isinstance(pattern, list):
+        if len(pattern) != layers or any(type(p) is not bool for p in pattern):
+            raise GgufImportError(f"{path}: metadata gemma2.attention.sliding_window_pattern has "
+                                  f"{len(pattern)} values; expected one flag for each of {layers} layers")
+        local = list(pattern)
+    elif type(pattern) is int and pattern >= 0:
+        local = [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
+    else:
+        raise GgufImportError(f"{path}: metadata gemma2.attention.sliding_window_pattern={pattern!r}; "
+                              "expected a period or a flag for each layer")
+    return ["sliding_attention" if f else "full_attention" for f in local]
 
 
 def check_architecture(info: GgufInfo, error: type[GgufImportError] | None = None) -> gguf_families.Family:
@@ -396,7 +443,44 @@ def read_config(src: Path, info: GgufInfo) -> Any:
         meta = info.metadata
         config.query_pre_attn_scalar = (meta["gemma3.embedding_length"] // meta["gemma3.attention.head_count"]
                                         if meta["gemma3.block_count"] == 62 else config.head_dim)
+    if fam is gguf_families.GEMMA2:
+        _gemma2_config(config, info)
+    if fam is gguf_families.PHI3:
+        _phi3_config(config, info)
     return config
+
+
+def _gemma2_config(config: Any, info: GgufInfo) -> None:
+    """What transformers' reading of a Gemma 2 file leaves at Gemma2Config's defaults, as
+    llama.cpp runs the file: both soft-caps (llama.cpp's defaults, the config's too, when the
+    file has none), the window (4096 when absent) and which layers use it, and the attention
+    scale: 1/sqrt(head size), but 1/sqrt(hidden / heads) for the 46-layer 27B."""
+    meta = info.metadata
+    layers = meta["gemma2.block_count"]
+    config.attn_logit_softcapping = float(meta.get("gemma2.attn_logit_softcapping", 50.0))
+    config.final_logit_softcapping = float(meta.get("gemma2.final_logit_softcapping", 30.0))
+    config.sliding_window = meta.get("gemma2.attention.sliding_window", 4096)
+    config.layer_types = gemma2_layer_types(info, layers)
+    config.query_pre_attn_scalar = (meta["gemma2.embedding_length"] // meta["gemma2.attention.head_count"]
+                                    if layers == 46 else config.head_dim)
+    config.tie_word_embeddings = True
+
+
+def _phi3_config(config: Any, info: GgufInfo) -> None:
+    """Phi3Config's defaults that do not fit a GGUF: the head is tied when the file has no
+    output.weight; the padding id is the file's (the default, 32000, is not a token of every
+    vocabulary, and transformers' embedding refuses it then); no sliding window, because
+    llama.cpp turns Phi-3's off whatever the file says; a rope over part of the head when
+    rope.dimension_count says so."""
+    meta = info.metadata
+    config.tie_word_embeddings = "output.weight" not in info.tensors
+    config.pad_token_id = meta.get("tokenizer.ggml.padding_token_id")
+    config.sliding_window = None
+    head = meta["phi3.embedding_length"] // meta["phi3.attention.head_count"]
+    rot = meta.get("phi3.rope.dimension_count", head)
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    params["partial_rotary_factor"] = rot / head
+    config.rope_parameters = params
 
 
 def read_tokenizer(src: Path, info: GgufInfo) -> Any:

@@ -35,8 +35,9 @@ REPORT_NAME = "quantization_report.json"
 CONVERTER_VERSION = "quantize/2"
 KIND = CONVERTER_VERSION.split("/")[0]
 # What the quantizer has been run on end to end (config "architectures").
+# EdgeTalkerForCausalLM is a Llama with a smaller (codec-only) head (models/speech/talker.py).
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                 "Idefics3ForConditionalGeneration")
+                 "Idefics3ForConditionalGeneration", "EdgeTalkerForCausalLM")
 
 
 class QuantizeError(EdgeError, ValueError):

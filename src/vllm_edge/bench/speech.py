@@ -80,21 +80,19 @@ async def _one(engine, speech, decoder, req, schedule) -> dict:
 async def _talker_alone(engine, speech, req) -> tuple[Any, float]:
     """The frames of ``req`` as ``[1, Q, F]``, and the talker's wall time for them."""
     import torch
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
 
-    params = SamplingParams(temperature=0.0, max_tokens=speech.max_frames(req.text), logprobs=speech.logprobs,
-                            stop_token_ids=[speech.end_id], output_kind=RequestOutputKind.DELTA,
-                            detokenize=False)
-    frames, t0 = [], time.perf_counter()
-    async for out in engine.generate({"prompt_token_ids": speech.prompt_ids(req.text, req.voice)}, params,
-                                     f"talker-alone-{time.monotonic_ns()}"):
-        for step in out.outputs[0].logprobs or []:
-            codes = speech.frame_codes(step)
-            if codes is not None:
-                frames.append(codes)
+    from vllm_edge.serving.speech import _max_model_len
+
+    prompt = speech.prompt_ids(req.text, req.voice)
+    params = speech.sampling_params(speech.frames_for(req.text, len(prompt), _max_model_len(engine)))
+    pieces, t0 = [], time.perf_counter()
+    async for out in engine.generate({"prompt_token_ids": prompt}, params, f"talker-alone-{time.monotonic_ns()}"):
+        codes, ended = speech.frames(out.outputs[0])
+        pieces.append(codes)
+        if ended:
+            break
     wall = time.perf_counter() - t0
-    return torch.tensor(frames, dtype=torch.int64).T.unsqueeze(0), wall
+    return torch.cat(pieces, dim=1).unsqueeze(0), wall
 
 
 async def _measure(model_dir: Path, *, passes: int, text: str, voice: str | None, enforce_eager: bool,
@@ -103,11 +101,10 @@ async def _measure(model_dir: Path, *, passes: int, text: str, voice: str | None
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from vllm_edge.models.speech import stream as codec_stream
-    from vllm_edge.models.speech import talker
     from vllm_edge.runtime.engine import edge_engine
-    from vllm_edge.serving.speech import SpeechRequest
+    from vllm_edge.serving.speech import SpeechModel, SpeechRequest
 
-    speech = talker.SpeechModel.load(model_dir)
+    speech = SpeechModel.load(model_dir)
     req = SpeechRequest(text, voice or speech.voices[0])
     eng = edge_engine(model_dir, server=True, max_num_seqs=STREAMS, enforce_eager=enforce_eager)
     eng.apply_env()

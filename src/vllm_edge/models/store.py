@@ -371,12 +371,19 @@ def ensure_talker(scheme: str | None, group: int = DEFAULT_GROUP) -> Path:
     done = talker.quantized_dir(scheme, group) if scheme else talker.prepared_dir()
     if not atomic.kind_of(done):
         source_gguf(resolve_key("default"))  # clear error if the package is missing
-        if scheme:
-            child.run("vllm_edge.models.speech.talker:prepare_quantized", talker.KEY, scheme=scheme,
-                      group=group)
-        else:
-            child.run("vllm_edge.models.speech.talker:prepare", talker.KEY)
+        child.run("vllm_edge.models.store:prepare_talker", talker.KEY, scheme=scheme, group=group)
     return done
+
+
+def prepare_talker(scheme: str | None = None, group: int = DEFAULT_GROUP) -> Path:
+    """The embedded speech model around the converted default model, once (in ``scheme`` when
+    given)."""
+    from vllm_edge.models.speech import talker
+
+    text = prepare("default")
+    if scheme:
+        return talker.prepare_quantized(scheme, group, text=text)
+    return talker.prepare(text)
 
 
 def keeps_codes(scheme: str | None, group: int | None) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from vllm_edge.common.errors import EdgeError
 
 SPEECH_PATH = "/v1/audio/speech"
+logger = logging.getLogger("vllm_edge.serving")
 # OpenAI's own cap on `input`.
 MAX_INPUT_CHARS = 4096
 # What we stream: 16-bit PCM, in a WAV container or bare. OpenAI's other formats (mp3, opus,
@@ -96,38 +98,96 @@ class Timings:
     codec_s: float = 0.0  # the decoder thread's time on this request's chunks (approximate)
 
 
-async def synthesize(engine: Any, speech: Any, decoder: Any, req: SpeechRequest, *,
+class SpeechModel:
+    """A talker checkpoint as the route uses it: its speech facts, its tokenizer, its codec."""
+
+    def __init__(self, model_dir: Path, spec: Any, tokenizer: Any) -> None:
+        self.model_dir, self.spec, self.tokenizer = model_dir, spec, tokenizer
+
+    @classmethod
+    def load(cls, model_dir: str | Path) -> SpeechModel:
+        from transformers import AutoTokenizer
+
+        from vllm_edge.models.speech import talker
+
+        model_dir = Path(model_dir)
+        spec = talker.spec_of(model_dir)  # a model that does not speak is refused here, by name
+        return cls(model_dir, spec, AutoTokenizer.from_pretrained(str(model_dir)))
+
+    @property
+    def voices(self) -> list[str]:
+        return list(self.spec.voices)
+
+    def prompt_ids(self, text: str, voice: str) -> list[int]:
+        from vllm_edge.models.speech import talker
+
+        return talker.prompt(text, voice, self.tokenizer, self.spec)["prompt_token_ids"]
+
+    def frames_for(self, text: str, prompt_len: int, max_model_len: int | None) -> int:
+        """The utterance's frame bound, or a 400 when the server's context cannot hold it."""
+        from vllm_edge.models.speech import talker
+
+        need = talker.max_frames(text, self.spec)
+        room = (max_model_len - prompt_len) if max_model_len else need
+        if need > room:
+            raise SpeechError(f"'input' needs up to {need} frames and this server's context holds "
+                              f"{max(room, 0)} after the prompt (--max-model-len {max_model_len}); "
+                              "send shorter text", param="input")
+        return need
+
+    def sampling_params(self, frames_max: int) -> Any:
+        from vllm.sampling_params import RequestOutputKind
+
+        from vllm_edge.models.speech import talker
+
+        return talker.sampling_params(self.spec, frames_max, output_kind=RequestOutputKind.DELTA)
+
+    def frames(self, delta_output: Any) -> Any:
+        """The frames ``[Q, f]`` of one streamed delta, and whether the utterance ended."""
+        from vllm_edge.models.speech import talker
+
+        got = talker.frames(delta_output, self.spec)
+        return got.codes, got.ended
+
+    def decoder_client(self) -> Any:
+        from vllm_edge.models.speech import codec, stream
+
+        return stream.DecoderClient(codec.load_codec(n_q=self.spec.n_q))
+
+    def describe(self) -> dict[str, Any]:
+        return {"codec": self.spec.codec, "frame_rate": self.spec.frame_rate, "n_q": self.spec.n_q,
+                "codebook_size": self.spec.codebook_size, "voices": self.voices,
+                "synthetic_weights": self.spec.synthetic_weights}
+
+
+def _max_model_len(engine: Any) -> int | None:
+    cfg = getattr(engine, "model_config", None)
+    return getattr(cfg, "max_model_len", None)
+
+
+async def synthesize(engine: Any, speech: SpeechModel, decoder: Any, req: SpeechRequest, *,
                      schedule: Any = None, timings: Timings | None = None,
                      request_id: str | None = None) -> AsyncIterator[Any]:
     """Text to float audio chunks: the talker's frames through ``engine`` (vLLM's engine
-    client), decoded by ``decoder`` (a :class:`DecoderClient`) on ``schedule``'s ramp.
-
-    ``speech`` is the model's :class:`~vllm_edge.models.speech.talker.SpeechModel`. The engine
-    request is aborted if the caller stops iterating (a client that left)."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
+    client), decoded by ``decoder`` (a :class:`DecoderClient`) on ``schedule``'s ramp. The
+    engine request is aborted if the caller stops iterating (a client that left)."""
     timings = timings or Timings()
     prompt = speech.prompt_ids(req.text, req.voice)
-    params = SamplingParams(temperature=0.0, max_tokens=speech.max_frames(req.text),
-                            logprobs=speech.logprobs, stop_token_ids=[speech.end_id],
-                            output_kind=RequestOutputKind.DELTA, detokenize=False)
+    params = speech.sampling_params(speech.frames_for(req.text, len(prompt), _max_model_len(engine)))
     request_id = request_id or f"speech-{uuid.uuid4().hex}"
     stream = decoder.open_stream(schedule)
 
     async def pump() -> None:
-        import torch
-
         try:
             async for out in engine.generate({"prompt_token_ids": prompt}, params, request_id):
-                for step in out.outputs[0].logprobs or []:
-                    codes = speech.frame_codes(step)
-                    if codes is None:  # the end of the utterance
-                        continue
+                codes, ended = speech.frames(out.outputs[0])
+                if codes.shape[1]:
                     if timings.first_frame_s is None:
                         timings.first_frame_s = time.perf_counter() - timings.start
-                    timings.frames += 1
-                    stream.push(torch.tensor(codes, dtype=torch.int64).view(-1, 1))
+                    timings.frames += int(codes.shape[1])
+                    stream.push(codes)
+                if ended:
+                    break
             stream.finish()
         except BaseException:
             stream.cancel()
@@ -153,10 +213,8 @@ class SpeechRoute:
     first request (the codec is loaded once per server)."""
 
     def __init__(self, model_dir: str | Path, served: list[str] | None = None) -> None:
-        from vllm_edge.models.speech import talker
-
         self.model_dir = Path(model_dir)
-        self.speech = talker.SpeechModel.load(self.model_dir)  # raises for a model that does not speak
+        self.speech = SpeechModel.load(self.model_dir)
         self.served = served
         self._decoder = None
         self._lock = asyncio.Lock()
@@ -165,7 +223,13 @@ class SpeechRoute:
     def speaks(model_dir: str | Path | None) -> bool:
         from vllm_edge.models.speech import talker
 
-        return model_dir is not None and talker.is_speech_model(Path(model_dir))
+        if model_dir is None:
+            return False
+        try:
+            talker.spec_of(model_dir)
+        except talker.TalkerError:
+            return False
+        return True
 
     async def decoder(self) -> Any:
         async with self._lock:
@@ -210,10 +274,18 @@ class SpeechRoute:
                                     "more_body": True})
                 await send({"type": "http.response.body", "body": to_pcm16(chunk), "more_body": True})
             if not started:  # no frame at all: still a valid, empty stream
-                await send({"type": "http.response.start", "status": 200,
-                            "headers": [(b"content-type", FORMATS[req.response_format].encode())]})
+                started = True
+                await send({"type": "http.response.start", "status": 200, "headers": [
+                    (b"content-type", FORMATS[req.response_format].encode()),
+                    (b"x-sample-rate", str(rate).encode())]})
                 if req.response_format == "wav":
                     await send({"type": "http.response.body", "body": wav_header(rate, 0), "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except Exception:
+            if not started:
+                raise  # the gate answers it with its status
+            # the audio has begun: all that is left is to end it where it stopped
+            logger.exception("speech request failed after its audio began")
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             watcher.cancel()

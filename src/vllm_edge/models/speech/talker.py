@@ -453,11 +453,10 @@ def quantized_dir(scheme: str, group: int = DEFAULT_GROUP) -> Path:
 
 
 def _text(text: str | Path | None) -> Path:
-    if text is not None:
-        return Path(text)
-    from vllm_edge.models import store
-
-    return store.prepare("default", progress=False)
+    if text is None:  # the store passes the converted embedded model (store.prepare_talker)
+        raise TalkerError("a talker is built around a Llama checkpoint: pass text=, or build the "
+                          "embedded one with store.prepare_talker")
+    return Path(text)
 
 
 def prepare(text: str | Path | None = None, *, force: bool = False) -> Path:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import statistics
 import threading
 import time
@@ -187,7 +188,8 @@ def measure(model_dir: str | Path, *, passes: int = 3, text: str = DEFAULT_TEXT,
 
     if passes < 1:
         raise ValueError("passes must be at least 1")
+    prov = provenance.collect(model=str(model_dir))  # the code and the host as the run began
     result = asyncio.run(_measure(Path(model_dir), passes=passes, text=text, voice=voice,
                                   enforce_eager=enforce_eager, log=log))
-    result["provenance"] = provenance.collect(model=str(model_dir))
+    result["provenance"] = {**prov, "loadavg_end": list(os.getloadavg())}
     return result

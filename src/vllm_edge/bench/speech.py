@@ -33,7 +33,7 @@ from typing import Any
 DEFAULT_OUT = "benchmarks/results/speech/stream.json"
 DEFAULT_TEXT = ("The quick brown fox jumps over the lazy dog, then rests in the shade of an old "
                 "oak tree while the river runs by.")
-LEFT_CONTEXTS = (0, 1, 2, 4, 8, 16, 25, 50)
+LEFT_CONTEXTS = (0, 1, 2, 4, 8, 16, 25, 50, 125, 250)  # up to past the transformer window
 STREAMS = 4
 
 

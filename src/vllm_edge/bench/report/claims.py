@@ -73,6 +73,8 @@ _LEVERS = "grid/levers/summary.json"
 _GROUP = "grid/group/summary.json"
 _1B = "grid/int4_1b/summary.json"
 _CMP = "compare/intel-xeon-processor-amx-bf16-2-cores/speed/summary.json"
+# the full compare (fidelity included) on the AMD host, beside the Intel one
+_CMP_AMD = "compare/amd-epyc-avx512-bf16-2-cores/speed/summary.json"
 _VLM = "grid/vlm/summary.json"
 _RMS = "grid/rmsnorm/summary.json"
 _STEP = "grid/step_core/summary.json"
@@ -211,6 +213,14 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("Decode step (SmolLM2 cpu_int4 g32, compiled, batch 1)", "step: OMP_WAIT_POLICY=PASSIVE / default (left off)",
           _STEP_LEVERS, _arm("step_ms", "after + OMP passive"), _X, per=(None, _arm("step_ms", "after"))),
     # llama.cpp side by side (docs/results/comparisons.md has every table)
+    Claim("llama.cpp side by side", "tg128, vLLM cpu_int4 / Q4_K_M", _CMP_AMD, _arm("tg128_tps", "vllm-cpu_int4"), _X,
+          per=(None, _arm("tg128_tps", "llamacpp-Q4_K_M")), target=(">=", 1.0)),
+    Claim("llama.cpp side by side", "tg128, vLLM cpu_int4 / Q4_0", _CMP_AMD, _arm("tg128_tps", "vllm-cpu_int4"), _X,
+          per=(None, _arm("tg128_tps", "llamacpp-Q4_0"))),
+    Claim("llama.cpp side by side", "pp512, vLLM cpu_int4 / Q4_K_M", _CMP_AMD, _arm("pp512_tps", "vllm-cpu_int4"), _X,
+          per=(None, _arm("pp512_tps", "llamacpp-Q4_K_M"))),
+    Claim("llama.cpp side by side", "batch-8 decode, vLLM cpu_int4 / Q4_K_M", _CMP_AMD,
+          _arm("b8_tg_tps", "vllm-cpu_int4"), _X, per=(None, _arm("b8_tg_tps", "llamacpp-Q4_K_M"))),
     Claim("llama.cpp side by side", "tg128, vLLM cpu_int4 / Q4_K_M", _CMP, _arm("tg128_tps", "vllm-cpu_int4"), _X,
           per=(None, _arm("tg128_tps", "llamacpp-Q4_K_M")), target=(">=", 1.0)),
     Claim("llama.cpp side by side", "tg128, vLLM cpu_int4 / Q4_0", _CMP, _arm("tg128_tps", "vllm-cpu_int4"), _X,
@@ -227,6 +237,10 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("llama.cpp side by side, synthetic 1B", "batch-8 decode, vLLM cpu_int4 g32 / Q4_K_M", _CMP_1B,
           _arm("b8_tg_tps", "vllm-cpu_int4"), _X, per=(None, _arm("b8_tg_tps", "llamacpp-Q4_K_M")),
           target=(">=", 2.0)),
+    Claim("llama.cpp side by side", "ready, vLLM cpu_int4", _CMP_AMD, _arm("load_s", "vllm-cpu_int4"), "{:.1f} s"),
+    Claim("llama.cpp side by side", "ready, llama.cpp Q4_K_M", _CMP_AMD, _arm("load_s", "llamacpp-Q4_K_M"), "{:.1f} s"),
+    Claim("llama.cpp side by side", "peak RssAnon, vLLM cpu_int4 / Q4_K_M", _CMP_AMD,
+          _arm("peak_rss_anon_mb", "vllm-cpu_int4"), _X, per=(None, _arm("peak_rss_anon_mb", "llamacpp-Q4_K_M"))),
     Claim("llama.cpp side by side", "ready, vLLM cpu_int4", _CMP, _arm("load_s", "vllm-cpu_int4"), "{:.1f} s"),
     Claim("llama.cpp side by side", "ready, llama.cpp Q4_K_M", _CMP, _arm("load_s", "llamacpp-Q4_K_M"), "{:.1f} s"),
     Claim("llama.cpp side by side", "peak RssAnon, vLLM cpu_int4 / Q4_K_M", _CMP,
@@ -258,7 +272,7 @@ HEADLINE: tuple[tuple[str, str, str], ...] = (
     ("fidelity_default_cpu_int4_g32.json", "teacher-forced top-1",
      "cpu_int4 against bf16: teacher-forced top-1"),
     ("fidelity_default_cpu_int4_g32.json", "KL mean", "cpu_int4 against bf16: KL mean"),
-    (_CMP, "tg128, vLLM cpu_int4 / Q4_K_M", "decode (tg128), vLLM cpu_int4 / llama.cpp Q4_K_M"),
+    (_CMP_AMD, "tg128, vLLM cpu_int4 / Q4_K_M", "decode (tg128), vLLM cpu_int4 / llama.cpp Q4_K_M"),
     ("soak_10min.json", "HTTP 5xx", "HTTP 5xx in a `serve` soak"),
     (_LEVERS, "peak tree RssAnon, edge mode", "peak RssAnon, edge mode (bf16, whole process tree)"),
 )

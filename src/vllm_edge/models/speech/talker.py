@@ -44,6 +44,7 @@ from vllm_edge import envs
 from vllm_edge.common import atomic, manifest
 from vllm_edge.common.errors import EdgeError
 from vllm_edge.common.registration import Registration
+from vllm_edge.quant import formats
 from vllm_edge.quant.groups import DEFAULT_GROUP
 
 CONVERTER_VERSION = "talker/1"
@@ -62,7 +63,7 @@ FEEDBACK = "codebook0"
 # about 14 characters a second; 8 leaves a trained talker room to pause.
 SLOW_CHARS_PER_SECOND = 8.0
 LEAD_SECONDS = 1.0
-FORMATS = ("cpu_int4",)  # the weight formats a talker build is made and tested in
+FORMATS = (formats.DEFAULT,)  # the weight formats a talker build is made and tested in
 logger = logging.getLogger("vllm_edge.models")
 
 
@@ -471,7 +472,7 @@ def prepare(text: str | Path | None = None, *, force: bool = False) -> Path:
                              force=force, log=logger, redo="building the talker again")
 
 
-def prepare_quantized(scheme: str = "cpu_int4", group: int = DEFAULT_GROUP, *,
+def prepare_quantized(scheme: str = formats.DEFAULT, group: int = DEFAULT_GROUP, *,
                       text: str | Path | None = None, force: bool = False,
                       progress: bool = False) -> Path:
     """The default talker in ``scheme`` (one of :data:`FORMATS`), once: the body and input

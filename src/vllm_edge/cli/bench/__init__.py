@@ -16,7 +16,7 @@ SUBCOMMANDS = {name: f"vllm_edge.cli.bench.{module}" for name, module in (
     ("llamacpp-fidelity", "llamacpp_fidelity"), ("int4-micro", "int4_micro"),
     ("toolcalls", "toolcalls"), ("first-token", "first_token"), ("constrained", "constrained"),
     ("startup", "startup"), ("sampling", "sampling"), ("npu", "npu"), ("fuzz", "fuzz"),
-    ("server", "server"), ("speech", "speech"),
+    ("server", "server"), ("speech", "speech"), ("grounded", "grounded"),
 )}
 
 

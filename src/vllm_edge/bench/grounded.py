@@ -112,8 +112,10 @@ def decode_tps(tokens: list[int], t_n: list[float], t_1: list[float]) -> list[fl
 
 
 def measure(llm: Any, tokenizer: Any, *, reps: int = REPS, max_tokens: int = MAX_TOKENS,
+            prompts: tuple[tuple[str, str], ...] = PROMPTS,
             log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    """Time every prompt (see the module's docstring) on a started vLLM ``LLM``."""
+    """Time every prompt (see the module's docstring) on a started vLLM ``LLM``. ``prompts``:
+    (category, user message) pairs, :data:`PROMPTS` unless a test passes fewer."""
     from vllm import SamplingParams
 
     from vllm_edge.serving.run import spec_decode_counts
@@ -122,7 +124,7 @@ def measure(llm: Any, tokenizer: Any, *, reps: int = REPS, max_tokens: int = MAX
     # some transformers versions; the template writes its own special tokens
     ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}],
                                                           add_generation_prompt=True, tokenize=False),
-                            add_special_tokens=False) for _, text in PROMPTS]
+                            add_special_tokens=False) for _, text in prompts]
     one = SamplingParams(temperature=0.0, max_tokens=1)
     full = SamplingParams(temperature=0.0, max_tokens=max_tokens)
 
@@ -135,7 +137,7 @@ def measure(llm: Any, tokenizer: Any, *, reps: int = REPS, max_tokens: int = MAX
     # allocator growth) that would land on whichever prompt came first
     timed(ids[0], full)
     before = spec_decode_counts(llm.get_metrics()) or {}
-    answers: list[list[int]] = [[] for _ in PROMPTS]
+    answers: list[list[int]] = [[] for _ in prompts]
     t_n: list[list[float]] = []
     t_1: list[list[float]] = []
     for r in range(reps):
@@ -146,7 +148,7 @@ def measure(llm: Any, tokenizer: Any, *, reps: int = REPS, max_tokens: int = MAX
             if r == 0:
                 answers[i] = toks
             elif toks != answers[i]:
-                raise RuntimeError(f"prompt {i} ({PROMPTS[i][0]}): greedy answer changed between reps")
+                raise RuntimeError(f"prompt {i} ({prompts[i][0]}): greedy answer changed between reps")
             short_r.append(s)
             long_r.append(t)
         t_n.append(long_r)
@@ -156,13 +158,13 @@ def measure(llm: Any, tokenizer: Any, *, reps: int = REPS, max_tokens: int = MAX
     counts = {k: after.get(k, 0) - before.get(k, 0) for k in after}
 
     per_cat: dict[str, dict[str, Any]] = {}
-    for cat in (*GROUNDED, "chat"):
-        idx = [i for i, (c, _) in enumerate(PROMPTS) if c == cat]
+    for cat in sorted({c for c, _ in prompts}):
+        idx = [i for i, (c, _) in enumerate(prompts) if c == cat]
         runs = decode_tps([len(answers[i]) for i in idx], [[row[i] for i in idx] for row in t_n],
                           [[row[i] for i in idx] for row in t_1])
         per_cat[cat] = {"tps": _median(runs), "runs": runs,
                         "tokens": sum(len(answers[i]) for i in idx)}
-    grounded_idx = [i for i, (c, _) in enumerate(PROMPTS) if c != "chat"]
+    grounded_idx = [i for i, (c, _) in enumerate(prompts) if c != "chat"]
     g_runs = decode_tps([len(answers[i]) for i in grounded_idx],
                         [[row[i] for i in grounded_idx] for row in t_n],
                         [[row[i] for i in grounded_idx] for row in t_1])
@@ -176,12 +178,12 @@ def measure(llm: Any, tokenizer: Any, *, reps: int = REPS, max_tokens: int = MAX
         batch_runs.append(sum(len(o.outputs[0].token_ids) for o in outs) / dt)
     return {
         "grounded_tps": _median(g_runs), "grounded_runs": g_runs,
-        "chat_tps": per_cat["chat"]["tps"],
+        "chat_tps": per_cat["chat"]["tps"] if "chat" in per_cat else None,
         "batch_tps": _median(batch_runs), "batch_runs": batch_runs,
         "categories": per_cat,
         "spec_decode": counts or None,
         "answers": [{"category": c, "tokens": len(a), "digest": digest(a)}
-                    for (c, _), a in zip(PROMPTS, answers)],
+                    for (c, _), a in zip(prompts, answers)],
     }
 
 

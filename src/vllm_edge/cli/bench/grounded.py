@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         if was and was != host:
             raise UsageError(f"{out}: holds a run measured on {was}; this host is {host}. A run never "
                              "replaces another host's: pass --out with a directory of its own")
-    arm_cmd = ["python", "-m", "vllm_edge.cli", "bench", "grounded", args.model, "--reps", str(args.reps),
+    arm_cmd = ["python", "-m", "vllm_edge.cli", "bench", "grounded", "--model", args.model, "--reps", str(args.reps),
                "--max-tokens", str(args.max_tokens), *(["--enforce-eager"] if args.enforce_eager else [])]
     spec = {"name": "grounded",
             "description": "bench grounded: greedy decode tok/s per category on answers that copy "

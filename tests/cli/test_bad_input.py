@@ -123,3 +123,22 @@ def test_a_build_with_a_deleted_weight_file_is_rebuilt(tmp_path, tiny_src, caplo
     assert "model.safetensors is missing" in manifest.problem(out)  # quantize writes one file
     assert main(["quantize", str(tiny_src), str(out), "--no-progress"]) == 0
     assert manifest.problem(out) is None
+
+
+@pytest.mark.parametrize("which", ["speech", "folder"])
+def test_run_sends_a_speech_model_to_speak(tmp_path, capsys, monkeypatch, which):
+    """A talker's tokens are codec frames: `run` refuses it, before any build or server, and
+    names the command that speaks."""
+    from vllm_edge.models.speech.talker import ARCHITECTURE
+
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path / "home"))
+    model = "speech"
+    if which == "folder":
+        folder = tmp_path / "talker"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"architectures": [ARCHITECTURE]}))
+        model = str(folder)
+    assert main(["run", "--model", model, "--prompt", "hello"]) == 2
+    err = capsys.readouterr().err
+    assert "speech model" in err and "vllm-edge speak" in err
+    assert not (tmp_path / "home").exists() or not any((tmp_path / "home").rglob("*.safetensors"))

@@ -58,8 +58,25 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "smolvlm-135m (docs/guide/multimodal.md)")
 
 
+def refuse_speech(model: str) -> None:
+    """A speech model's tokens are codec frames: a chat with it prints noise. Sent to `speak`."""
+    from vllm_edge.common.errors import EdgeError, UsageError
+    from vllm_edge.models import resolver
+
+    try:
+        source = resolver.resolve(model)
+    except EdgeError:
+        return  # the run itself names what is wrong with the argument
+    if resolver.is_speech(source):
+        raise UsageError(f"--model {model}: a speech model answers in audio codes, not text; use "
+                         f"`vllm-edge speak \"TEXT\" --model {model}`, or `vllm-edge serve --model "
+                         f"{model}` and POST /v1/audio/speech")
+
+
 def run(args: argparse.Namespace) -> int:
     from vllm_edge.serving import keepalive
+
+    refuse_speech(args.model)
 
     as_json = args.output == "json"
     keep_s = keepalive.parse_duration(args.keep_alive)

@@ -230,6 +230,17 @@ def resolve(arg: str) -> Source:
     return Stored(arg, path, config)
 
 
+def is_speech(source: Source) -> bool:
+    """A talker: its answers are codec frames, not text (the embedded one, or a folder whose
+    config names the talker's architecture)."""
+    if isinstance(source, Speech):
+        return True
+    from vllm_edge.models.speech.talker import ARCHITECTURE
+
+    config = getattr(source, "config", None) or {}
+    return ARCHITECTURE in (config.get("architectures") or [])
+
+
 def own_scheme(name: str) -> str | None:
     """The format a measurement of ``name`` runs when none is asked for: a GGUF file runs its
     own types (the repack keeps every tensor's codes), anything else runs as stored (bf16)."""

@@ -15,11 +15,21 @@ def test_probe_matches_closed_form(n, k):
     assert torch.equal(rows, exp_rows) and torch.equal(cols, exp_cols)
 
 
-def test_full_block_interleaves_rows_j_and_j_plus_32():
+def test_full_block_interleaves_rows_j_and_j_plus_half_a_block():
+    """Blocks of 64 rows with AVX-512, 32 with AVX2: torch packs for the CPU it runs on."""
+    b = pack.block_n()
+    assert b == (64 if "avx512f" in _flags() else 32)
+    h = b // 2
     rows, cols = pack.probe_layout(64, 4)
-    # first byte: row 0 low nibble, row 32 high nibble, both column 0
-    assert rows[:4].tolist() == [0, 32, 1, 33]
-    assert cols[:64].eq(0).all() and cols[64:128].eq(1).all()
+    # first byte: row 0 low nibble, row B/2 high nibble, both column 0
+    assert rows[:4].tolist() == [0, h, 1, h + 1]
+    # one column of a block is B/2 bytes, B nibbles
+    assert cols[:b].eq(0).all() and cols[b:2 * b].eq(1).all()
+
+
+def _flags() -> str:
+    with open("/proc/cpuinfo") as f:
+        return next((line for line in f if line.startswith("flags")), "")
 
 
 def test_layout_matches_is_true_on_this_torch():

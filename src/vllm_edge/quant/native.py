@@ -132,6 +132,14 @@ def library() -> ctypes.CDLL | None:
         logger.warning("cpu_int4: no C compiler found; multi-row batches dequantize with torch "
                        "ops (correct, slower dequantization)")
         return None
+    from vllm_edge.quant import pack
+
+    if pack.block_n() != BLOCK_N:
+        # the kernels read blocks of 64 rows, the AVX-512 packing; torch packs narrower ones
+        # on a CPU without AVX-512, so they would read the wrong rows
+        logger.warning("cpu_int4: torch packs int4 weights in blocks of %d rows on this CPU; "
+                       "multi-row batches dequantize with torch ops (correct, slower)", pack.block_n())
+        return None
     lib, errors = build_and_load("int4", SOURCES)
     if lib is not None:
         signatures = {"edge_int4_dequant_blocks": (3, 5), "edge_int4_dequant_tail": (3, 3),

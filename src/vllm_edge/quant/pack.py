@@ -17,10 +17,11 @@ as measured on this torch (2.13, AVX-512) by packing index patterns and reading 
 back (:func:`probe_layout`; tests/quant/test_layout.py keeps it honest):
 
 - the output is uint8 ``[N, K/2]`` but the shape is only a view over a flat buffer of
-  row blocks of 64 output rows; N must be a multiple of 16;
-- a full block of 64 rows is stored as ``[K, 32]`` bytes: byte ``(k, j)`` holds row ``j``
-  in the low nibble and row ``j + 32`` in the high nibble;
-- a tail block of ``nb = N % 64`` rows (16, 32 or 48) is ``[K, nb/2]`` bytes: byte
+  row blocks of ``B`` output rows; N must be a multiple of 16. ``B`` follows the vector width
+  torch's kernel was dispatched to: 64 with AVX-512, 32 with AVX2 (:func:`block_n` reads it);
+- a full block of ``B`` rows is stored as ``[K, B/2]`` bytes: byte ``(k, j)`` holds row ``j``
+  in the low nibble and row ``j + B/2`` in the high nibble;
+- a tail block of ``nb = N % B`` rows (a multiple of 16) is ``[K, nb/2]`` bytes: byte
   ``(k, j)`` holds rows ``2j`` (low) and ``2j + 1`` (high);
 - ``scales_and_zeros`` is bf16 ``[K/group, N, 2]``; the kernel accepts group
   32, 64, 128, 256 with ``K % group == 0``.
@@ -41,7 +42,7 @@ import torch
 
 from vllm_edge.quant.groups import KERNEL_GROUPS  # noqa: F401  (re-exported)
 
-BLOCK_N = 64
+BLOCK_N = 64  # the widest block (AVX-512); a multiple of every block size, for aligned work
 DEFAULT_CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
 
 
@@ -179,8 +180,19 @@ def repack_(p: torch.Tensor, block_rows: int = 1024) -> torch.Tensor:
     return p
 
 
+@functools.cache
+def block_n() -> int:
+    """Rows per full block of the installed packing: the high nibble of the first byte holds
+    row ``B/2`` (64 on AVX-512, 32 on AVX2). :data:`BLOCK_N` if it reads as neither, and then
+    :func:`layout_matches` is false."""
+    rows, _ = probe_layout(BLOCK_N, 2)
+    b = 2 * int(rows[1])
+    return b if b in (32, 64) else BLOCK_N
+
+
 def _split_blocks(n: int) -> tuple[int, int]:
-    full = n // BLOCK_N * BLOCK_N
+    b = block_n()
+    full = n // b * b
     return full, n - full
 
 
@@ -191,8 +203,9 @@ def unpack_packed(packed: torch.Tensor, k: int) -> torch.Tensor:
     flat = packed.reshape(-1)
     parts = []
     if full:
-        b = flat[:full * k // 2].view(full // BLOCK_N, k, 32)
-        q = torch.cat((b & 0xF, b >> 4), dim=2)  # [nb, K, 64]: W^T of each block
+        bn = block_n()
+        b = flat[:full * k // 2].view(full // bn, k, bn // 2)
+        q = torch.cat((b & 0xF, b >> 4), dim=2)  # [nb, K, B]: W^T of each block
         parts.append(q.transpose(1, 2).reshape(full, k))
     if tail:
         b = flat[full * k // 2:].view(k, tail // 2)
@@ -205,7 +218,7 @@ def dequantize_packed_t(packed: torch.Tensor, sz: torch.Tensor, kgroup: int,
                         dtype=torch.bfloat16) -> torch.Tensor:
     """tinygemm layout -> ``W^T`` [K, N] in ``dtype``, straight from the packed tensor.
 
-    A 64-row block unpacks to 64 contiguous columns of ``W^T``, so this writes in long
+    A block of B rows unpacks to B contiguous columns of ``W^T``, so this writes in long
     runs; one fused multiply-add per nibble half (``(q - 8) * s + z``).
     """
     n = packed.shape[0]
@@ -217,11 +230,12 @@ def dequantize_packed_t(packed: torch.Tensor, sz: torch.Tensor, kgroup: int,
     s = sz[:, :, 0].to(dtype)
     z = sz[:, :, 1].to(dtype)
     if full:
-        nb = full // BLOCK_N
-        b = flat[:full * k // 2].view(nb, g_count, kgroup, 32).permute(1, 2, 0, 3)  # [G,g,nb,32]
-        out = wt[:, :full].view(g_count, kgroup, nb, 2, 32)
-        sv = s[:, :full].reshape(g_count, 1, nb, 2, 32)
-        zv = z[:, :full].reshape(g_count, 1, nb, 2, 32)
+        h = block_n() // 2
+        nb = full // (2 * h)
+        b = flat[:full * k // 2].view(nb, g_count, kgroup, h).permute(1, 2, 0, 3)  # [G,g,nb,B/2]
+        out = wt[:, :full].view(g_count, kgroup, nb, 2, h)
+        sv = s[:, :full].reshape(g_count, 1, nb, 2, h)
+        zv = z[:, :full].reshape(g_count, 1, nb, 2, h)
         for half, q in enumerate((b & 0xF, b >> 4)):
             q = q.view(torch.int8) - 8
             torch.addcmul(zv[..., half, :], q, sv[..., half, :], out=out[..., half, :])
@@ -254,9 +268,10 @@ def gather_rows_packed(packed: torch.Tensor, sz: torch.Tensor, kgroup: int,
     in_full = ids < full
     if in_full.any():
         i = ids[in_full]
-        b = flat[:full * k // 2].view(full // BLOCK_N, k, 32)
-        bytes_ = b[i // BLOCK_N, :, i % 32]  # [T, K]
-        shift = ((i % BLOCK_N) // 32 * 4).to(torch.uint8).unsqueeze(1)
+        bn = block_n()
+        b = flat[:full * k // 2].view(full // bn, k, bn // 2)
+        bytes_ = b[i // bn, :, i % (bn // 2)]  # [T, K]
+        shift = ((i % bn) // (bn // 2) * 4).to(torch.uint8).unsqueeze(1)
         q = (bytes_ >> shift) & 0xF
         out[in_full] = _affine(q, sz, i, kgroup, dtype)
     if tail and (~in_full).any():
@@ -297,11 +312,12 @@ def closed_form_source(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """What :func:`probe_layout` should return, from the closed form in the docstring."""
     rows, cols = [], []
     full, tail = _split_blocks(n)
-    for b0 in range(0, full, BLOCK_N):
-        kk = torch.arange(k).view(k, 1, 1).expand(k, 32, 2)
-        j = torch.arange(32).view(1, 32, 1).expand(k, 32, 2)
-        hi = torch.arange(2).view(1, 1, 2).expand(k, 32, 2)
-        rows.append((b0 + j + 32 * hi).reshape(-1)), cols.append(kk.reshape(-1))
+    h = block_n() // 2
+    for b0 in range(0, full, 2 * h):
+        kk = torch.arange(k).view(k, 1, 1).expand(k, h, 2)
+        j = torch.arange(h).view(1, h, 1).expand(k, h, 2)
+        hi = torch.arange(2).view(1, 1, 2).expand(k, h, 2)
+        rows.append((b0 + j + h * hi).reshape(-1)), cols.append(kk.reshape(-1))
     if tail:
         kk = torch.arange(k).view(k, 1, 1).expand(k, tail // 2, 2)
         j = torch.arange(tail // 2).view(1, -1, 1).expand(k, tail // 2, 2)
@@ -313,7 +329,7 @@ def closed_form_source(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 @functools.cache
 def layout_matches() -> bool:
     """Once per process: does the installed kernel still use the layout we decode?"""
-    for n, k in ((BLOCK_N + 48, 64), (BLOCK_N, 32), (32, 64)):
+    for n, k in ((BLOCK_N + 48, 64), (BLOCK_N, 32), (32, 64), (48, 32)):
         pr, pc = probe_layout(n, k)
         cr, cc = closed_form_source(n, k)
         if not (torch.equal(pr, cr) and torch.equal(pc, cc)):

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from vllm_edge.quant import int8
+from vllm_edge.quant import gemm, int8
 
 OP_NAME = "edge_cpu_int8_linear"
 EMBED_OP_NAME = "edge_cpu_int8_embedding"
@@ -35,7 +35,8 @@ def linear_impl(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: Opt
         out = int8.gemv(x2, q, scale, zero, group)
     if out is None:
         w = int8.dequantize_bf16(q, scale, zero, group)
-        out = torch.nn.functional.linear(x2, w.to(x.dtype))
+        ct = gemm.compute_dtype(x.dtype)  # float32 where torch has no fast bf16 GEMM
+        out = torch.nn.functional.linear(x2.to(ct), w.to(ct)).to(x.dtype)
     return out.view(*x.shape[:-1], q.shape[0])
 
 

@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from vllm_edge.quant import native, native_op, pack
+from vllm_edge.quant import gemm, native, native_op, pack
 
 OP_NAME = "edge_cpu_int4_linear"
 EMBED_OP_NAME = "edge_cpu_int4_embedding"
@@ -81,13 +81,15 @@ def int4_linear_impl(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.
     if plain is None and (auto or x2.shape[0] <= dequant_threshold):
         out = native.gemv(x2, packed, scales_zeros, group_size)
     if out is None and x2.shape[0] > dequant_threshold:
+        ct = gemm.compute_dtype(x.dtype)
         if plain is not None:
-            w = pack.dequantize_plain(plain, plain_scale, plain_zero, plain_group, dtype=x.dtype)
-            out = torch.nn.functional.linear(x2, w)
+            w = pack.dequantize_plain(plain, plain_scale, plain_zero, plain_group, dtype=ct)
+            out = torch.nn.functional.linear(x2.to(ct), w).to(x.dtype)
         else:
             out = native.linear(x2, packed, scales_zeros, group_size, workspace_mb << 20)
             if out is None:  # no native kernel (logged once) or not bf16
-                out = torch.matmul(x2, pack.dequantize_packed_t(packed, scales_zeros, group_size, dtype=x.dtype))
+                wt = pack.dequantize_packed_t(packed, scales_zeros, group_size, dtype=ct)
+                out = torch.matmul(x2.to(ct), wt).to(x.dtype)
     elif out is None:
         sz = scales_zeros if scales_zeros.dtype == x.dtype else scales_zeros.to(x.dtype)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), packed, group_size, sz)

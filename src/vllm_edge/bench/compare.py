@@ -110,21 +110,26 @@ def this_host(cores: list[int]) -> str:
     return provenance.host({**provenance.collect(), "core_set": list(cores)}) or "unknown host"
 
 
-def recorded_host(out_dir: Path) -> str | None:
-    """The host the run kept in ``out_dir`` was measured on; None when it holds none."""
+SPEED_SUMMARY = "speed/summary.json"  # where a compare run keeps the summary that names its host
+
+
+def recorded_host(out_dir: Path, summary: str = SPEED_SUMMARY) -> str | None:
+    """The host the run kept in ``out_dir`` was measured on (read from its ``summary`` file, a
+    grid summary); None when it holds none."""
     from vllm_edge.common import provenance
 
-    speed = _load(Path(out_dir) / "speed" / "summary.json")
-    return provenance.host(speed.get("provenance")) if speed else None
+    kept = _load(Path(out_dir) / summary)
+    return provenance.host(kept.get("provenance")) if kept else None
 
 
-def refuse_other_host(out_dir: Path, host: str) -> None:
-    """A run never replaces another host's artifact (docs/results/README.md lists each)."""
+def refuse_other_host(out_dir: Path, host: str, summary: str = SPEED_SUMMARY) -> None:
+    """A run never replaces another host's artifact (docs/results/README.md lists each);
+    ``summary`` as for :func:`recorded_host` (other benchmarks that keep a run per host)."""
     from vllm_edge.common.errors import EdgeError
 
-    kept = recorded_host(out_dir)
+    kept = recorded_host(out_dir, summary)
     if kept is not None and kept != host:
-        raise EdgeError(f"{out_dir}: holds a compare run measured on {kept}; this host is {host}. "
+        raise EdgeError(f"{out_dir}: holds a run measured on {kept}; this host is {host}. "
                         "A run never replaces another host's: pass --out with a directory of its own")
 
 

@@ -157,17 +157,18 @@ def measure(llm: Any, tokenizer: Any, *, reps: int = REPS, max_tokens: int = MAX
     after = spec_decode_counts(llm.get_metrics()) or {}
     counts = {k: after.get(k, 0) - before.get(k, 0) for k in after}
 
+    def rates(keep: Callable[[str], bool]) -> tuple[list[float], int]:
+        """Per rep, the decode rate over the prompts whose category ``keep`` takes; their tokens."""
+        idx = [i for i, (c, _) in enumerate(prompts) if keep(c)]
+        return (decode_tps([len(answers[i]) for i in idx], [[row[i] for i in idx] for row in t_n],
+                           [[row[i] for i in idx] for row in t_1]),
+                sum(len(answers[i]) for i in idx))
+
     per_cat: dict[str, dict[str, Any]] = {}
     for cat in sorted({c for c, _ in prompts}):
-        idx = [i for i, (c, _) in enumerate(prompts) if c == cat]
-        runs = decode_tps([len(answers[i]) for i in idx], [[row[i] for i in idx] for row in t_n],
-                          [[row[i] for i in idx] for row in t_1])
-        per_cat[cat] = {"tps": _median(runs), "runs": runs,
-                        "tokens": sum(len(answers[i]) for i in idx)}
-    grounded_idx = [i for i, (c, _) in enumerate(prompts) if c != "chat"]
-    g_runs = decode_tps([len(answers[i]) for i in grounded_idx],
-                        [[row[i] for i in grounded_idx] for row in t_n],
-                        [[row[i] for i in grounded_idx] for row in t_1])
+        runs, tokens = rates(lambda c, cat=cat: c == cat)
+        per_cat[cat] = {"tps": _median(runs), "runs": runs, "tokens": tokens}
+    g_runs, _ = rates(lambda c: c != "chat")
 
     # every prompt at once, on an engine of BATCH sequences
     batch_runs = []

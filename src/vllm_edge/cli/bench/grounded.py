@@ -49,18 +49,13 @@ def run(args: argparse.Namespace) -> int:
 
     from vllm_edge.bench import compare
     from vllm_edge.bench.grid import runner as grid
-    from vllm_edge.common import atomic, provenance
+    from vllm_edge.common import atomic
     from vllm_edge.runtime.speculative import METHODS
 
     cores = sorted(os.sched_getaffinity(0))
     host = compare.this_host(cores)
     out = Path(args.out) if args.out else Path(DEFAULT_BASE) / compare.host_slug(host)
-    kept = out / "summary.json"
-    if kept.exists():
-        was = provenance.host(json.loads(kept.read_text()).get("provenance"))
-        if was and was != host:
-            raise UsageError(f"{out}: holds a run measured on {was}; this host is {host}. A run never "
-                             "replaces another host's: pass --out with a directory of its own")
+    compare.refuse_other_host(out, host, summary="summary.json")
     arm_cmd = ["python", "-m", "vllm_edge.cli", "bench", "grounded", "--model", args.model, "--reps", str(args.reps),
                "--max-tokens", str(args.max_tokens), *(["--enforce-eager"] if args.enforce_eager else [])]
     spec = {"name": "grounded",

@@ -96,7 +96,7 @@ def test_load_all_is_idempotent_and_states_never_change(monkeypatch):
                                "arena_release": State.APPLIED,
                                "hermes_json_end": State.APPLIED, "amx_attention": State.APPLIED,
                                "greedy_sampler": greedy, "slot_mapping_bind": State.APPLIED,
-                               "pp_stage_buffer": State.APPLIED}
+                               "pp_stage_buffer": State.APPLIED, "wna16_missing_op": State.APPLIED}
     assert sys.modules["vllm.compilation.decorators"]._try_load_aot_compiled_fn is replaced
     assert getattr(replaced, "__vllm_edge_patch__", None) == "aot_cache"
 
@@ -199,3 +199,26 @@ def test_amx_attention_falls_back_to_the_avx512_kernel_only_where_amx_was_chosen
         assert chosen == "amx"  # vLLM 0.32's pick on this CPU, the one that crashes with cpu_int4
     assert patched(torch.bfloat16, 128, 64) == ("vec" if chosen == "amx" else chosen)
     assert patched(torch.float32, 128, 64) == original(torch.float32, 128, 64)  # amx is bf16 only
+
+
+def test_wna16_kernel_declines_only_where_its_op_is_missing():
+    import torch
+
+    from vllm.model_executor.kernels.linear.mixed_precision.cpu import CPUWNA16LinearKernel
+    from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import MPLinearLayerConfig
+    from vllm.scalar_type import scalar_types
+
+    from vllm_edge.patches import wna16_missing_op
+
+    patches.load_all()
+    assert wna16_missing_op.PATCH.state is State.APPLIED
+    original = wna16_missing_op.PATCH.original
+    fits = MPLinearLayerConfig((576, 1536), (576, 1536), scalar_types.uint4b8, torch.bfloat16, 64, False)
+    odd = MPLinearLayerConfig((576, 1536), (576, 1536), scalar_types.uint8, torch.bfloat16, 64, False)
+    assert original(fits) == (True, None)  # upstream offers the kernel on every CPU
+    if wna16_missing_op.op_present():
+        assert CPUWNA16LinearKernel.can_implement(fits) == (True, None)
+        assert CPUWNA16LinearKernel.can_implement(odd) == original(odd)
+    else:  # the AVX2 build: declined, naming the op and the way out
+        ok, reason = CPUWNA16LinearKernel.can_implement(fits)
+        assert not ok and "cpu_gemm_wna16" in reason and "cpu_int4" in reason

@@ -71,6 +71,14 @@ _declare(
     "tests/test_levers_engine.py and benchmarks/results/: RssAnon of the worker before and after.",
 )
 _declare(
+    "VLLM_EDGE_PATCH_WNA16_MISSING_OP", "bool", True,
+    "Make vLLM's CPU W4A16 kernel decline, with a reason, where its op is not built "
+    "(patches/wna16_missing_op.py).",
+    "tests/test_patches.py: without the op the kernel declines naming it; with the op the "
+    "original answers. tests/quant/test_gptq_engine.py: on an AVX2 CPU a GPTQ export is refused "
+    "at load naming the op, where unpatched it died in the profiling run.",
+)
+_declare(
     "VLLM_EDGE_PATCH_AMX_ATTENTION", "bool", True,
     "Run vLLM's AVX-512 CPU attention kernel instead of its AMX one (patches/amx_attention.py).",
     "tests/test_patches.py: on an AMX CPU the choice is vec with the patch and amx without; with "

@@ -63,9 +63,13 @@ def test_routes_show_in_the_linear_group(profiled):
     if native.gemv_supported():  # the native product at every batch size
         assert "edge_int4_product" in pre and "edge_int4_dequant" not in pre and "aten::mm" not in pre
         assert "edge_int4_product" in dec and "aten::_weight_int4pack_mm_for_cpu" not in dec
-    else:
+    elif native.library() is not None:
         assert "edge_int4_dequant" in pre and "aten::mm" in pre  # 64 rows: dequantize, then GEMM
         assert "aten::_weight_int4pack_mm_for_cpu" in dec  # 1 row: tinygemm
+    else:  # no native dequantizer for this CPU's packing (AVX2: 32-row blocks): torch ops
+        assert "edge_int4_dequant" not in pre and "aten::mm" in pre
+        assert "aten::__rshift__" in pre  # the nibbles unpacked by torch, then the GEMM
+        assert "aten::_weight_int4pack_mm_for_cpu" in dec
     # the default build keeps the file's Q8_0 embedding, and the head tied to it, in cpu_int8
     assert any("edge_cpu_int8_linear" in n for n in head), head
 

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import re
 from pathlib import Path
 
@@ -160,6 +161,25 @@ def test_noise_flags_travel_with_the_figure(tmp_path):
     assert fig.text == "2.0 (target ≥ 2.5: not met)"
     assert "NOISY" in fig.flags and "busy passes [1]" in fig.flags
     assert fig.build == "m cpu_int4 g32"
+
+
+def test_a_target_verdict_inside_the_noise_is_not_met(tmp_path):
+    # A ratio whose arms' passes overlap cannot meet a target of 1: its verdict says so,
+    # while arms apart get met / not met from every pairing of their passes.
+    def verdict(a, b):
+        art = tmp_path / "r.json"
+        cells = {n: {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
+                 for n, v in (("a", a), ("b", b))}
+        art.write_text(json.dumps({"metrics": {"t": {"arms": cells}}}))
+        claim = claims.Claim("s", "l", "r.json", ("metrics", "t", "arms", "a"), "{:.2f}x",
+                             per=(None, ("metrics", "t", "arms", "b")), target=(">=", 1.0))
+        fig = claims.evaluate(claim, tmp_path)
+        return fig.text.split(": ", 1)[1].rstrip(")"), fig.flags
+
+    text, flags = verdict([98, 106, 110], [95, 100, 104])  # median ratio 1.06, ranges overlap
+    assert text == "inside the noise" and "NOT A RANKING" in flags
+    assert verdict([110, 112, 115], [95, 100, 104])[0] == "met"
+    assert verdict([80, 85, 90], [95, 100, 104])[0] == "not met"
 
 
 # --- docs/results/ ------------------------------------------------------------------

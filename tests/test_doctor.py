@@ -106,8 +106,13 @@ def test_doctor_names_the_cpu_int4_kernels(plain_json):
     from vllm_edge.quant import native
 
     kernels = plain_json["cpu_int4_kernels"]
-    product = {"avx512_bf16", "avx512vbmi"} <= set(native._cpu_flags().split())
-    assert kernels["small_batches"].startswith("native product" if product else "tinygemm")
+    from vllm_edge.quant import pack
+
+    flags = set(native._cpu_flags().split())
+    product = {"avx512_bf16", "avx512vbmi"} <= flags
+    product32 = pack.block_n() == 32 and {"avx2", "fma"} <= flags
+    assert kernels["small_batches"].startswith("native product" if product or product32 else "tinygemm")
+    assert ("int4_gemv32.c" in kernels["small_batches"]) == (product32 and not product)
     assert kernels["native_op"]  # its state, reported without building it
     assert not kernels["native_op"].startswith("loaded")
     off = run_cli("doctor", env={"VLLM_EDGE_INT4_GEMV": "0"}, timeout=300)

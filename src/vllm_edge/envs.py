@@ -209,9 +209,11 @@ _declare(
 _declare(
     "VLLM_EDGE_INT4_GEMV", "bool", True,
     "cpu_int4: run batches up to the dequantization threshold (with dequant_threshold "
-    "\"auto\", every batch) on the native AVX512-BF16 product (quant/csrc/int4_gemv.c). "
+    "\"auto\", every batch) on the native AVX512-BF16 product (quant/csrc/int4_gemv.c); where "
+    "torch packs 32-row blocks (no AVX-512), batches up to 48 rows on the AVX2 product "
+    "(quant/csrc/int4_gemv32.c). "
     "0 uses tinygemm (_weight_int4pack_mm_for_cpu) and hands over to dequantize + GEMM at 48 "
-    "rows, the route before the kernel existed. Read once per process.",
+    "rows, the route before the kernels existed. Read once per process.",
     "On: faster than tinygemm at one row on the 1B shapes "
     "(benchmarks/results/cpu_int4_microbench_product_g{32,64}.json); the 1B grid "
     "(benchmarks/results/grid/int4_1b/summary.json) runs both settings side by side.",

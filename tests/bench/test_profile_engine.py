@@ -71,7 +71,10 @@ def test_routes_show_in_the_linear_group(profiled):
         # the nibbles unpacked by torch (``& 0xF`` and ``>> 4``), then the GEMM; the group lists
         # only its five costliest ops, so either half of the unpack may be the one that shows
         assert {"aten::__rshift__", "aten::bitwise_and"} & pre, pre
-        assert "aten::_weight_int4pack_mm_for_cpu" in dec
+        if native.gemv32_supported():  # 1 row: the AVX2 product for 32-row blocks
+            assert "edge_int4_product" in dec and "aten::_weight_int4pack_mm_for_cpu" not in dec
+        else:
+            assert "aten::_weight_int4pack_mm_for_cpu" in dec
     # the default build keeps the file's Q8_0 embedding, and the head tied to it, in cpu_int8
     assert any("edge_cpu_int8_linear" in n for n in head), head
 

@@ -4,9 +4,9 @@ The dequantizer (int4_dequant.c) must be bit-identical to ``pack.dequantize_pack
 fp32 arithmetic, same round-to-nearest-even to bf16. Shapes cover full 64-row blocks, tails
 of 16/32/48 rows, K=576 (SmolLM2, run as groups of 64) and chunked row ranges.
 
-The product (int4_gemv.c) accumulates in a different order than any reference, so each
-output is checked against the fp32 product of the dequantized weight within bf16 output
-rounding plus fp32 accumulation slack.
+The products (int4_gemv.c, and int4_gemv32.c for torch's 32-row packing) accumulate in a
+different order than any reference, so each output is checked against the fp32 product of
+the dequantized weight within bf16 output rounding plus fp32 accumulation slack.
 """
 
 from __future__ import annotations
@@ -251,6 +251,7 @@ def test_without_the_product_small_batches_use_tinygemm(monkeypatch):
     from torch.profiler import ProfilerActivity, profile
 
     monkeypatch.setattr(native, "gemv_supported", lambda: False)
+    monkeypatch.setattr(native, "gemv32_supported", lambda: False)
     p, sz, kg = packed_weights(256, 512, 64)[:3]
     x = torch.randn(2, 512, dtype=torch.bfloat16)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -263,13 +264,97 @@ def test_without_the_product_small_batches_use_tinygemm(monkeypatch):
 def test_gemv_switch_off_means_tinygemm(monkeypatch):
     monkeypatch.setenv("VLLM_EDGE_INT4_GEMV", "0")
     native.gemv_supported.cache_clear()
+    native.gemv32_supported.cache_clear()
     try:
-        assert native.gemv_supported() is False
+        assert native.gemv_supported() is False and native.gemv32_supported() is False
         assert ops.auto_threshold() == ops.DEFAULT_DEQUANT_THRESHOLD
         p, sz, kg = packed_weights(128, 256, 64)[:3]
         assert native.gemv(torch.randn(1, 256, dtype=torch.bfloat16), p, sz, kg) is None
     finally:
         native.gemv_supported.cache_clear()
+        native.gemv32_supported.cache_clear()
+
+
+# --- the 32-row-block product (csrc/int4_gemv32.c), where torch packs 32-row blocks ----------
+
+@pytest.fixture(scope="module")
+def gemv32_lib():
+    if pack.block_n() != 32:
+        pytest.skip(f"torch packs blocks of {pack.block_n()} rows on this CPU; the 32-row product is not used here")
+    if not {"avx2", "fma"} <= set(native._cpu_flags().split()):
+        pytest.skip("this CPU lacks AVX2 or FMA: small batches run on tinygemm")
+    assert native.gemv32_supported(), "AVX2, FMA and gcc -fopenmp are here: the 32-row product should build"
+    return native.library32()
+
+
+@pytest.mark.parametrize("n,k,group", [(960, 576, 32), (1536, 576, 64), (576, 1536, 128), (64, 2048, 64),
+                                       (128, 512, 256), (32, 64, 32)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 48])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gemv32_matches_reference(gemv32_lib, n, k, group, rows, threads):
+    p, sz, kg = packed_weights(n, k, group)[:3]
+    w = pack.dequantize_packed(p, sz, kg, dtype=torch.float32)
+    x = torch.randn(rows, k, dtype=torch.bfloat16)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = native.gemv(x, p, sz, kg)
+    finally:
+        torch.set_num_threads(old)
+    ref, tol = _bound(x, w)
+    assert y.shape == (rows, n) and y.dtype == torch.bfloat16
+    assert ((y.float() - ref).abs() <= tol).all(), (y.float() - ref).abs().max()
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_gemv32_row_does_not_depend_on_its_batch(gemv32_lib, group):
+    """A row gives the same bits alone (the one-row path) as in a batch (the tiled path) and
+    on one thread as on two: speculative verification then scores a token exactly as plain
+    decode does."""
+    p, sz, kg = packed_weights(192, 576, group)[:3]
+    # a wrong row, offset or thread split shows here; a change in the fp32 summation order
+    # mostly hides under the bf16 output rounding (tried: one output in ~10^4 moved), so the
+    # same order on both paths is kept by construction in the kernel
+    x = torch.randn(7, 576, dtype=torch.bfloat16)
+    batch = native.gemv(x, p, sz, kg)
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one_thread = native.gemv(x, p, sz, kg)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(batch.view(torch.int16), one_thread.view(torch.int16))
+    for i in range(7):
+        alone = native.gemv(x[i:i + 1], p, sz, kg)
+        assert torch.equal(alone.view(torch.int16), batch[i:i + 1].view(torch.int16)), i
+
+
+def test_gemv32_refuses_what_it_cannot_take(gemv32_lib):
+    p, sz, kg = packed_weights(112, 256, 64)[:3]  # 3 blocks of 32 and a 16-row tail
+    assert native.gemv(torch.randn(1, 256, dtype=torch.bfloat16), p, sz, kg) is None
+    p, sz, kg = packed_weights(128, 256, 64)[:3]
+    assert native.gemv(torch.randn(1, 256), p, sz, kg) is None  # fp32 activations
+    x = torch.randn(9, 256, dtype=torch.bfloat16)
+    assert native.gemv(x, p, sz, kg, max_rows=8) is None  # above the caller's threshold
+    assert native.gemv(x, p, sz, kg, max_rows=9) is not None
+
+
+def test_gemv32_runs_batches_up_to_the_threshold(gemv32_lib):
+    from torch.profiler import ProfilerActivity, profile
+
+    p, sz, kg = packed_weights(256, 512, 64)[:3]
+    t = ops.DEFAULT_DEQUANT_THRESHOLD
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for rows in (1, 8, t):
+            ops.int4_linear(torch.randn(rows, 512, dtype=torch.bfloat16), p, sz, kg, ops.AUTO)
+    names = {e.key for e in prof.key_averages()}
+    assert "edge_int4_product" in names and "aten::_weight_int4pack_mm_for_cpu" not in names
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        x = torch.randn(t + 1, 512, dtype=torch.bfloat16)
+        out = ops.int4_linear(x, p, sz, kg, ops.AUTO)
+    assert "edge_int4_product" not in {e.key for e in prof.key_averages()}  # dequantize + GEMM
+    ref, tol = _bound(x, pack.dequantize_packed(p, sz, kg, dtype=torch.float32))
+    assert ((out.float() - ref).abs() <= tol).all()
 
 
 def test_profiler_ranges_only_while_a_profiler_runs(lib, monkeypatch):

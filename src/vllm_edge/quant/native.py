@@ -3,7 +3,10 @@ dequantization threshold) and ``csrc/int4_dequant.c`` (the dequantizer for large
 
 The product (:func:`gemv`) reads the packed tinygemm tensor with AVX512-BF16 dot products,
 faster than tinygemm at one row (figures: benchmarks/results/cpu_int4_microbench_product_g*.json;
-why: docs/design/cpu-int4.md). Without AVX512-BF16 and VBMI it reports unsupported and tinygemm runs instead.
+why: docs/design/cpu-int4.md). Where torch packs 32-row blocks (a CPU without AVX-512) it runs
+``csrc/int4_gemv32.c`` instead, an AVX2/FMA product for batches up to the dequantization
+threshold, built into its own library (the dequantizer reads 64-row blocks only). Without
+either, tinygemm runs.
 
 The torch-op formulation (``pack.dequantize_packed_t``) costs as much CPU time as the
 512-row bf16 GEMM it feeds (addcmul with int8 -> bf16 promotion, strided outputs). The C
@@ -50,6 +53,7 @@ from vllm_edge.common.errors import EdgeError
 
 logger = logging.getLogger("vllm_edge.quant")
 SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("int4_dequant.c", "int4_gemv.c"))
+SOURCES32 = (Path(__file__).with_name("csrc") / "int4_gemv32.c",)
 BLOCK_N = 64
 _FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3", "-march=native"], ["-O3"])
 
@@ -185,23 +189,70 @@ def gemv_supported() -> bool:
     return ok
 
 
-def gemv(x2: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, kgroup: int) -> torch.Tensor | None:
+@functools.cache
+def library32() -> ctypes.CDLL | None:
+    """The AVX2/FMA product for torch's 32-row blocks (``csrc/int4_gemv32.c``), built on first
+    use; ``None`` where torch packs other blocks or it cannot be built (logged once)."""
+    from vllm_edge.quant import pack
+
+    if pack.block_n() != 32 or _compiler() is None:
+        return None
+    lib, errors = build_and_load("int4_gemv32", SOURCES32)
+    if lib is None:
+        logger.warning("cpu_int4: building int4_gemv32.c failed (%s); small batches run on tinygemm "
+                       "(correct, slower decode)", " | ".join(errors))
+        return None
+    lib.edge_int4_gemv32.restype = ctypes.c_int
+    lib.edge_int4_gemv32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5
+    for name in ("edge_int4_gemv32_supported", "edge_int4_gemv32_openmp"):
+        getattr(lib, name).restype = ctypes.c_int
+        getattr(lib, name).argtypes = []
+    return lib
+
+
+@functools.cache
+def gemv32_supported() -> bool:
+    """Whether :func:`gemv` runs the 32-row-block product here: ``VLLM_EDGE_INT4_GEMV`` on,
+    torch's packing in 32-row blocks, and an AVX2/FMA OpenMP build. Logged once when the
+    packing is that one but the build is not."""
+    from vllm_edge import envs
+
+    if not envs.get("VLLM_EDGE_INT4_GEMV"):
+        return False
+    lib = library32()
+    ok = bool(lib is not None and lib.edge_int4_gemv32_supported() and lib.edge_int4_gemv32_openmp())
+    if lib is not None and not ok:
+        logger.warning("cpu_int4: the 32-row int4 product needs AVX2, FMA and an OpenMP build; "
+                       "small batches run on tinygemm (correct, slower decode)")
+    return ok
+
+
+def gemv(x2: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, kgroup: int,
+         max_rows: int | None = None) -> torch.Tensor | None:
     """``x2 @ W^T`` for bf16 ``x2`` [M, K] straight from the tinygemm-layout weight, on
-    torch's OpenMP team; ``None`` when the kernel cannot take it (no AVX512-BF16/VBMI, N not a
-    multiple of 64, K not a multiple of 32, tensors not in the expected form)."""
-    if not gemv_supported() or x2.dtype != torch.bfloat16 or sz.dtype != torch.bfloat16:
+    torch's OpenMP team; ``None`` when no product can take it. The AVX512-BF16 product takes
+    any M (N a multiple of 64, K of 32); the AVX2 one for 32-row blocks takes M up to
+    ``max_rows`` (None: any), N a multiple of 32 and an even group. Tensors must be
+    contiguous and ``sz`` bf16."""
+    if x2.dtype != torch.bfloat16 or sz.dtype != torch.bfloat16:
         return None
     if not (packed.is_contiguous() and sz.is_contiguous()):
         return None
-    x2 = x2.contiguous()
     m, k = x2.shape
     n = packed.shape[0]
     if sz.shape[0] * kgroup != k:
         return None
+    if gemv_supported():
+        fn = library().edge_int4_gemv
+    elif (max_rows is None or m <= max_rows) and gemv32_supported():
+        fn = library32().edge_int4_gemv32
+    else:
+        return None
+    x2 = x2.contiguous()
     y = torch.empty(m, n, dtype=torch.bfloat16)
     with _range("edge_int4_product"):
-        rc = library().edge_int4_gemv(packed.data_ptr(), sz.data_ptr(), x2.data_ptr(), y.data_ptr(),
-                                      m, n, k, kgroup, torch.get_num_threads())
+        rc = fn(packed.data_ptr(), sz.data_ptr(), x2.data_ptr(), y.data_ptr(), m, n, k, kgroup,
+                torch.get_num_threads())
     return y if rc == 0 else None
 
 

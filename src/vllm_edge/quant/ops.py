@@ -1,7 +1,8 @@
 """The W4A16 linear as one vLLM custom op: ``torch.ops.vllm.edge_cpu_int4_linear``.
 
 Batches up to ``dequant_threshold`` rows run a product straight from the packed weight:
-our AVX512-BF16 kernel (``native.gemv``) where it builds, else tinygemm
+our AVX512-BF16 kernel (``native.gemv``) where it builds, our AVX2 one for the 32-row
+packing where that does, else tinygemm
 (``_weight_int4pack_mm_for_cpu``). Both unpack the weight once per pass, so their cost grows
 with the row count; above the threshold a dequantize-then-bf16-GEMM pays the unpacking
 once. The choice depends on the row count, and it is made *inside* an opaque custom op so
@@ -55,7 +56,9 @@ def describe() -> dict:
     threshold = auto_threshold()
     return {
         "library": getattr(lib, "_name", None),
-        "small_batches": "native product (quant/csrc/int4_gemv.c)" if product else "tinygemm",
+        "small_batches": ("native product (quant/csrc/int4_gemv.c)" if product else
+                          "native product (quant/csrc/int4_gemv32.c)" if native.gemv32_supported() else
+                          "tinygemm"),
         "large_batches": ("native product" if product else
                           "native dequantize + bf16 GEMM" if lib is not None else
                           "torch-op dequantize + bf16 GEMM"),
@@ -79,7 +82,7 @@ def int4_linear_impl(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.
     # "auto" tries the product at every batch size. It reads the measured layout, so never
     # with a plain copy (kept because the installed packing differs from it).
     if plain is None and (auto or x2.shape[0] <= dequant_threshold):
-        out = native.gemv(x2, packed, scales_zeros, group_size)
+        out = native.gemv(x2, packed, scales_zeros, group_size, max_rows=dequant_threshold)
     if out is None and x2.shape[0] > dequant_threshold:
         ct = gemm.compute_dtype(x.dtype)
         if plain is not None:

@@ -106,3 +106,33 @@ def test_the_other_isa_paths_agree(flags, tmp_path, monkeypatch):
         assert lib.edge_int8_gemv(q.data_ptr(), s.data_ptr(), z.data_ptr(), x.data_ptr(), y.data_ptr(),
                                   m, 24, 192, group, 1) == 0
         assert close(y, reference(x, q, s, z, group), 192), (flags, m, group)
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_on_the_avx2_path_a_row_does_not_depend_on_its_batch(group, tmp_path, monkeypatch):
+    """The AVX2 loop gives a row the same bits alone (decode) as among others (a batch, or
+    speculative verification), on one thread or two."""
+    import ctypes
+
+    if not {"avx2", "fma", "f16c"} <= set(native._cpu_flags().split()):
+        pytest.skip("this CPU has no AVX2/FMA/F16C")
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path))
+    lib, errors = native.build_and_load("int8-test", int8.SOURCES, [["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]])
+    assert lib is not None, errors
+    lib.edge_int8_gemv.restype = ctypes.c_int
+    lib.edge_int8_gemv.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5
+    n, k = 40, 576
+    q, s, z = weights(n, k, group)
+    x = torch.randn(7, k).to(torch.bfloat16)
+
+    def run(rows, threads):
+        y = torch.empty(rows.shape[0], n, dtype=torch.bfloat16)
+        assert lib.edge_int8_gemv(q.data_ptr(), s.data_ptr(), z.data_ptr(), rows.data_ptr(), y.data_ptr(),
+                                  rows.shape[0], n, k, group, threads) == 0
+        return y.view(torch.int16)
+
+    batch = run(x, 2)
+    assert close(batch.view(torch.bfloat16), reference(x, q, s, z, group), k)
+    assert torch.equal(run(x, 1), batch)
+    for i in range(7):
+        assert torch.equal(run(x[i:i + 1].contiguous(), 2), batch[i:i + 1]), i

@@ -3,7 +3,8 @@
  *
  * The product reads each weight row once for up to ROWS activation rows: 16 codes at a time
  * are widened to fp32, scaled, and multiplied into one accumulator per activation row
- * (AVX-512; AVX2 takes 8 at a time; any other CPU runs the portable loop). The offset term
+ * (AVX-512; AVX2 takes 8 at a time, into four accumulators per row where the group is a
+ * multiple of 32; any other CPU runs the portable loop). The offset term
  * needs only the activation's sum over each group, computed once per call.
  *
  * Plain C, no torch headers: built by quant/int8.py with the system compiler.
@@ -90,6 +91,56 @@ static inline __attribute__((always_inline)) float dot1_512(const int8_t *qr, co
 }
 #endif
 
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define EDGE_DOT_AVX2 1
+/* tot[i] = sum over k of x[i][k] * (q[k] * scale + offset) for M (1 or 2) activation rows, g a
+ * multiple of 32; xs holds the rows' group sums. Four accumulators per row, one per 8-column slot of every 32 columns: with one, a
+ * decode row waits on the FMA latency every 8 weights. Two rows share each widened weight
+ * vector (2 x 4 accumulators and 4 weight vectors fit the 16 registers). A row's sums run in
+ * the same order whether it shares its pass or not, so its result does not depend on the
+ * batch around it. The offset term is 8 groups per FMA too: summed one group at a time in a
+ * scalar chain it cost as much as the product at one row. */
+static inline __attribute__((always_inline)) void dot_avx2(const int8_t *qr, const uint16_t *sr,
+                                                           const uint16_t *zr, const float *xf,
+                                                           const float *xs, float *tot, int64_t k,
+                                                           int64_t g, const int M) {
+    const int64_t ng = k / g;
+    __m256 a[2][4];
+    for (int m = 0; m < M; m++)
+        for (int c = 0; c < 4; c++) a[m][c] = _mm256_setzero_ps();
+    for (int64_t j0 = 0; j0 < k; j0 += g) {
+        const __m256 sc = _mm256_set1_ps(h2f(sr[j0 / g]));
+        for (int64_t j = j0; j < j0 + g; j += 32) {
+            __m256 w[4];
+            for (int c = 0; c < 4; c++)
+                w[c] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                           _mm_loadl_epi64((const __m128i *)(qr + j + 8 * c)))), sc);
+            for (int m = 0; m < M; m++)
+                for (int c = 0; c < 4; c++)
+                    a[m][c] = _mm256_fmadd_ps(w[c], _mm256_loadu_ps(xf + m * k + j + 8 * c), a[m][c]);
+        }
+    }
+    /* the offset term, sum over groups of z * (the group's sum of x), 8 groups at a time */
+    int64_t gi = 0;
+    if (zr)
+        for (; gi + 8 <= ng; gi += 8) {
+            const __m256 zc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(zr + gi)));
+            for (int m = 0; m < M; m++)
+                a[m][0] = _mm256_fmadd_ps(zc, _mm256_loadu_ps(xs + m * ng + gi), a[m][0]);
+        }
+    for (int m = 0; m < M; m++) {
+        const __m256 t = _mm256_add_ps(_mm256_add_ps(a[m][0], a[m][1]), _mm256_add_ps(a[m][2], a[m][3]));
+        __m128 v = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+        v = _mm_add_ss(v, _mm_movehdup_ps(v));
+        float t1 = _mm_cvtss_f32(v);
+        if (zr)
+            for (int64_t r = gi; r < ng; r++) t1 += h2f(zr[r]) * xs[m * ng + r];
+        tot[m] = t1;
+    }
+}
+#endif
+
 /* tot[i] = sum over k of x[i][k] * w[k] for one weight row and mm <= ROWS activation rows.
  * The scale is folded into the widened codes (one multiply per 16 weights) so each row keeps
  * one vector accumulator and reduces once; the offset needs only xs, the group sums. */
@@ -126,6 +177,15 @@ static void row_dot(const int8_t *qr, const uint16_t *sr, const uint16_t *zr, co
         return;
     }
 #elif defined(__AVX2__) && defined(__FMA__)
+#ifdef EDGE_DOT_AVX2
+    if (g % 32 == 0) {
+        for (int64_t i0 = 0; i0 < mm; i0 += 2) {
+            if (mm - i0 >= 2) dot_avx2(qr, sr, zr, xf + i0 * k, xs + i0 * ng, tot + i0, k, g, 2);
+            else dot_avx2(qr, sr, zr, xf + i0 * k, xs + i0 * ng, tot + i0, k, g, 1);
+        }
+        return;
+    }
+#endif
     if (g % 8 == 0) {
         __m256 acc[ROWS];
         for (int64_t i = 0; i < mm; i++) acc[i] = _mm256_setzero_ps();

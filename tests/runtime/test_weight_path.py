@@ -168,6 +168,16 @@ def test_reasons_quote_no_copied_figure(snapshot, name):
             assert not figure.search(reason), reason
 
 
+def test_avx2_runs_the_32_row_product_and_is_measured(monkeypatch):
+    monkeypatch.setenv("VLLM_EDGE_HW_PROFILE", json.dumps({"arch": "x86_64", "isa": ["avx2"]}))
+    p = select_weight_path(hw.profile())
+    assert p.name == "cpu_int4" and p.verified
+    assert any("int4_gemv32.c" in r for r in p.reasons)
+    monkeypatch.setenv("VLLM_EDGE_HW_PROFILE", json.dumps({"arch": "x86_64", "isa": []}))
+    p = select_weight_path(hw.profile())
+    assert not p.verified and any("tinygemm" in r for r in p.reasons)
+
+
 def test_avx512_reasons_name_the_kernel_that_runs(monkeypatch):
     monkeypatch.setenv("VLLM_EDGE_HW_PROFILE", json.dumps({"arch": "x86_64", "isa": ["avx512", "avx512_bf16"]}))
     assert any("native product" in r for r in select_weight_path(hw.profile()).reasons)

@@ -104,8 +104,13 @@ def select_weight_path(profile: Any, priority: str = "speed") -> WeightPath:
                 reasons.append("AVX-512 without BF16: cpu_int4 runs torch's tinygemm, measured faster "
                                "than bf16 at one row (benchmarks/results/cpu_int4_microbench.json)")
             path = WeightPath(CPU_INT4, reasons)
+        elif isa.get("avx2"):
+            reasons.append("AVX2 without AVX-512: torch packs int4 weights in 32-row blocks, and cpu_int4 "
+                           "runs its AVX2 product on them up to 48 rows (quant/csrc/int4_gemv32.c; end to "
+                           "end against tinygemm in benchmarks/results/grid/int4_avx2_product/summary.json)")
+            path = WeightPath(CPU_INT4, reasons)
         else:
-            reasons.append("no AVX-512: tinygemm's AVX2 path has not been measured")
+            reasons.append("no AVX-512 or AVX2: cpu_int4 runs torch's tinygemm, not measured on such a CPU")
             path = WeightPath(CPU_INT4, reasons, verified=False)
     if numa > 1:
         path.reasons.append(f"{numa} NUMA nodes: one copy of the weights serves all cores "

@@ -130,7 +130,7 @@ def run(rows=(1, 4, 8, 64, 512), passes: int = 7, group: int = 128, threads: int
                   + f"  bf16/int4={results[-1]['bf16_over_int4_op']} (cpu {results[-1]['bf16_over_int4_op_cpu']})",
                   flush=True)
     return {"passes": passes, "threads": threads, "dequant_threshold": ops.auto_threshold(),
-            "native_product": native.gemv_supported(),
+            "native_product": native.gemv_supported(), "native_product_32row": native.gemv32_supported(),
             "workspace_mb": ops.DEFAULT_WORKSPACE_MB, "native_dequant": native.library() is not None,
             "results": results}
 

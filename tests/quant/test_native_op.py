@@ -75,7 +75,7 @@ x = torch.randn(3, 576, dtype=torch.bfloat16)
 ref = ops.int4_linear(x, p, sz, kg, ops.AUTO)
 calls = []
 gemv = native.gemv
-native.gemv = lambda *a: calls.append(1) or gemv(*a)
+native.gemv = lambda *a, **kw: calls.append(1) or gemv(*a, **kw)
 out = torch.ops.vllm_edge.int4_gemv(x, p, sz, kg)
 print(json.dumps({"loaded": native_op.load(), "state": native_op.state(), "python_calls": len(calls),
                   "equal": torch.equal(out, ref)}))
@@ -133,7 +133,7 @@ def test_a_fitting_layer_calls_the_cpp_kernel(native_op_loaded, vllm_dist, monke
     layer, ref = _layer(960, 576, 32)
     assert layer.cpu_int4_native_op is True
     python = []
-    monkeypatch.setattr(native, "gemv", lambda *a: python.append(a))
+    monkeypatch.setattr(native, "gemv", lambda *a, **kw: python.append(a))
     for rows in (1, 17, 512):
         x = torch.randn(rows, 576, dtype=torch.bfloat16)
         assert _calls(layer, x) == ["vllm_edge.int4_gemv.default"]

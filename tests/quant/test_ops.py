@@ -106,7 +106,7 @@ def test_auto_falls_back_per_layer(monkeypatch):
     assert (out.float() - x.float() @ ref.t()).abs().max() <= 0.01 * (x.float() @ ref.t()).abs().max()
 
     asked = []
-    monkeypatch.setattr(native, "gemv", lambda *a: asked.append(a) or None)
+    monkeypatch.setattr(native, "gemv", lambda *a, **kw: asked.append(a) or None)
     p, sz, kg, ref, plain = packed_weights(128, 256, 64)
     for rows in (1, 512):
         x = torch.randn(rows, 256, dtype=torch.bfloat16)

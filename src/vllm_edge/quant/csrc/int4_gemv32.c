@@ -5,13 +5,14 @@
  * (k, j) = row j (low nibble) | row j+16 (high nibble); rows past the last full block are a
  * tail this kernel does not take. scales_and_zeros bf16 [K/kg][N][2]; w = (q - 8) * s + z.
  *
- * Why not tinygemm at one row: on an AVX2 EPYC it spent ~9 ms of a 135M model's ~19 ms
- * decode step in its int4 products, about 6 GB/s of weights on two cores. Here each k-step
- * of a block is one 16-byte load; its two nibble halves widen to 32 fp32 weights (four
- * 8-lane vectors) that meet x[k] in four FMAs, with no per-weight scale: per group,
- * sum_k w x = s * sum q x + (z - 8 s) * sum x, the group's sum of x taken once per call.
- * Up to three rows of X share each widening. q is 0..15, exact in fp32, so the only roundings are the fp32 sums and the bf16
- * output, as in the AVX-512 kernel.
+ * Why not tinygemm at one row: on an AVX2 EPYC its int4 products were the largest part of a
+ * SmolLM2 decode step (`bench profile`), reading weights well under the machine's read
+ * bandwidth. Here each k-step of a block is one 16-byte load; its two nibble halves widen to
+ * 32 fp32 weights (four 8-lane vectors) that meet x[k] in four FMAs, with no per-weight
+ * scale: per group, sum_k w x = s * sum q x + (z - 8 s) * sum x, the group's sum of x taken
+ * once per call. One row widens in registers; more rows widen each group once into an L1
+ * tile they all read. q is 0..15, exact in fp32, so the only roundings are the fp32 sums and
+ * the bf16 output, as in the AVX-512 kernel.
  *
  * Without AVX2 and FMA edge_int4_gemv32_supported() is 0 and the caller keeps tinygemm.
  */
@@ -25,7 +26,6 @@
 #include <immintrin.h>
 #define EDGE_GEMV32 1
 #endif
-
 
 int edge_int4_gemv32_supported(void) {
 #ifdef EDGE_GEMV32
@@ -168,10 +168,10 @@ static void gemv32_block_tile(const uint8_t* packed, const uint16_t* sz, const f
 #undef EDGE_WIDEN
 #endif
 
-/* Y (bf16 [M, N], row stride N) = X (bf16 [M, K]) W^T on `threads` OpenMP threads. Work
-   units are (block, chunk of up to GEMV32_MAX_M rows of X) in block-major order, so a block
-   is read from memory once and from cache for the other chunks. Returns 0 on success, -1 if unsupported (no AVX2/FMA,
-   N % 32 != 0, an odd group, K % group != 0); the caller then uses tinygemm. */
+/* Y (bf16 [M, N], row stride N) = X (bf16 [M, K]) W^T on `threads` OpenMP threads, the
+   32-row blocks split evenly between them; each block is read from memory once for all M
+   rows. Returns 0 on success, -1 if unsupported (no AVX2/FMA, N % 32 != 0, an odd group,
+   K % group != 0, no memory for the tiles); the caller then uses tinygemm. */
 int edge_int4_gemv32(const uint8_t* packed, const uint16_t* sz, const uint16_t* x, uint16_t* y,
                      int64_t M, int64_t n, int64_t k, int64_t kg, int64_t threads) {
 #ifdef EDGE_GEMV32

@@ -94,12 +94,12 @@ static inline __attribute__((always_inline)) float dot1_512(const int8_t *qr, co
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define EDGE_DOT_AVX2 1
 /* tot[i] = sum over k of x[i][k] * (q[k] * scale + offset) for M (1 or 2) activation rows, g a
- * multiple of 32; xs holds the rows' group sums. Four accumulators per row, one per 8-column slot of every 32 columns: with one, a
- * decode row waits on the FMA latency every 8 weights. Two rows share each widened weight
- * vector (2 x 4 accumulators and 4 weight vectors fit the 16 registers). A row's sums run in
- * the same order whether it shares its pass or not, so its result does not depend on the
- * batch around it. The offset term is 8 groups per FMA too: summed one group at a time in a
- * scalar chain it cost as much as the product at one row. */
+ * multiple of 32; xs holds the rows' group sums. Four accumulators per row, one per 8-column
+ * slot of every 32 columns: with one, a decode row waits on the FMA latency every 8 weights.
+ * Two rows share each widened weight vector (2 x 4 accumulators and 4 weight vectors fit the
+ * 16 registers). A row's sums run in the same order whether it shares its pass or not, so its
+ * result does not depend on the batch around it. The offset term is 8 groups per FMA: summed
+ * one group at a time in a scalar chain it was a latency chain as long as the product's. */
 static inline __attribute__((always_inline)) void dot_avx2(const int8_t *qr, const uint16_t *sr,
                                                            const uint16_t *zr, const float *xf,
                                                            const float *xs, float *tot, int64_t k,

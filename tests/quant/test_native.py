@@ -209,23 +209,33 @@ def _bound(x, w):
     return ref, 2 ** -8 * ref.abs() + 1e-5 * (x.float().abs() @ w.float().abs().t()) + 1e-6
 
 
+def _gemv_on(threads, x, p, sz, kg):
+    """native.gemv with torch set to ``threads`` threads for the call."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return native.gemv(x, p, sz, kg)
+    finally:
+        torch.set_num_threads(old)
+
+
+def _check_against_reference(n, k, group, rows, threads):
+    """Whichever product native.gemv runs here, against the fp32 product of the dequantized weight."""
+    p, sz, kg = packed_weights(n, k, group)[:3]
+    w = pack.dequantize_packed(p, sz, kg, dtype=torch.float32)
+    x = torch.randn(rows, k, dtype=torch.bfloat16)
+    y = _gemv_on(threads, x, p, sz, kg)
+    ref, tol = _bound(x, w)
+    assert y.shape == (rows, n) and y.dtype == torch.bfloat16
+    assert ((y.float() - ref).abs() <= tol).all(), (y.float() - ref).abs().max()
+
+
 @pytest.mark.parametrize("n,k,group", [(960, 576, 32), (1536, 576, 64), (576, 1536, 128), (64, 2048, 64),
                                        (128, 512, 256)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 512])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_gemv_matches_reference(gemv_lib, n, k, group, rows, threads):
-    p, sz, kg = packed_weights(n, k, group)[:3]
-    w = pack.dequantize_packed(p, sz, kg, dtype=torch.float32)
-    x = torch.randn(rows, k, dtype=torch.bfloat16)
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        y = native.gemv(x, p, sz, kg)
-    finally:
-        torch.set_num_threads(old)
-    ref, tol = _bound(x, w)
-    assert y.shape == (rows, n) and y.dtype == torch.bfloat16
-    assert ((y.float() - ref).abs() <= tol).all(), (y.float() - ref).abs().max()
+    _check_against_reference(n, k, group, rows, threads)
 
 
 def test_gemv_refuses_shapes_it_cannot_take(gemv_lib):
@@ -292,18 +302,7 @@ def gemv32_lib():
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 48])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_gemv32_matches_reference(gemv32_lib, n, k, group, rows, threads):
-    p, sz, kg = packed_weights(n, k, group)[:3]
-    w = pack.dequantize_packed(p, sz, kg, dtype=torch.float32)
-    x = torch.randn(rows, k, dtype=torch.bfloat16)
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        y = native.gemv(x, p, sz, kg)
-    finally:
-        torch.set_num_threads(old)
-    ref, tol = _bound(x, w)
-    assert y.shape == (rows, n) and y.dtype == torch.bfloat16
-    assert ((y.float() - ref).abs() <= tol).all(), (y.float() - ref).abs().max()
+    _check_against_reference(n, k, group, rows, threads)
 
 
 @pytest.mark.parametrize("group", [32, 64])
@@ -317,12 +316,7 @@ def test_gemv32_row_does_not_depend_on_its_batch(gemv32_lib, group):
     # same order on both paths is kept by construction in the kernel
     x = torch.randn(7, 576, dtype=torch.bfloat16)
     batch = native.gemv(x, p, sz, kg)
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        one_thread = native.gemv(x, p, sz, kg)
-    finally:
-        torch.set_num_threads(old)
+    one_thread = _gemv_on(1, x, p, sz, kg)
     assert torch.equal(batch.view(torch.int16), one_thread.view(torch.int16))
     for i in range(7):
         alone = native.gemv(x[i:i + 1], p, sz, kg)

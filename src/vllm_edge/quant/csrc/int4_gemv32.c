@@ -5,8 +5,8 @@
  * (k, j) = row j (low nibble) | row j+16 (high nibble); rows past the last full block are a
  * tail this kernel does not take. scales_and_zeros bf16 [K/kg][N][2]; w = (q - 8) * s + z.
  *
- * Why not tinygemm at one row: on an AVX2 EPYC its int4 products were the largest part of a
- * SmolLM2 decode step (`bench profile`), reading weights well under the machine's read
+ * Why not tinygemm at one row: on an AVX2 EPYC its int4 product was the costliest single op
+ * of a SmolLM2 decode step (`bench profile`), reading weights well under the machine's read
  * bandwidth. Here each k-step of a block is one 16-byte load; its two nibble halves widen to
  * 32 fp32 weights (four 8-lane vectors) that meet x[k] in four FMAs, with no per-weight
  * scale: per group, sum_k w x = s * sum q x + (z - 8 s) * sum x, the group's sum of x taken

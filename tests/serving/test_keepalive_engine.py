@@ -62,6 +62,51 @@ def test_two_first_runs_start_one_server(first_runs):
     assert len(pids) == 1
     (row,) = _ps()
     assert str(row["pid"]) in pids and row["rss_anon_mb"] > 100
+    assert all("over 1 processes" in err for _, _, err in first_runs), first_runs[0][2][-500:]
+
+
+def test_the_server_is_one_process_and_an_abort_frees_its_engine(first_runs):
+    """The engine core runs in the API server's process (serving.inproc_core): the server's
+    tree has no engine-core process, and a client that hangs up mid-answer has its request
+    aborted in that engine, which then answers the next request."""
+    import httpx
+
+    from vllm_edge.common import procmem
+    from vllm_edge.serving import keepalive
+
+    (row,) = _ps()
+    rows = [(pid, procmem.cmdline(pid)) for pid, _, shared in procmem.tree_rss_anon_kb(row["pid"])
+            if not shared]
+    server = [(pid, cmd) for pid, cmd in rows if "gate_compile" not in cmd]
+    assert [pid for pid, _ in server] == [row["pid"]], rows
+    assert "keepalive_server" in server[0][1]
+    rec = keepalive.find(keepalive.server_key("default", "auto"))
+    name = keepalive.served_name(rec)
+    body = {"model": name, "messages": [{"role": "user", "content": "Write a very long story."}],
+            "max_tokens": 1500, "temperature": 0.8, "stream": True}
+    with httpx.stream("POST", rec.url + "/v1/chat/completions", json=body, headers=rec.headers,
+                      timeout=300, trust_env=False) as r:
+        assert r.status_code == 200
+        chunks = 0
+        for line in r.iter_lines():
+            chunks += line.startswith("data: ")
+            if chunks >= 5:
+                break  # hang up mid-answer
+
+    def running() -> float:
+        text = httpx.get(rec.url + "/metrics", headers=rec.headers, timeout=30, trust_env=False).text
+        return sum(float(m.group(1)) for m in re.finditer(r"^vllm:num_requests_running\{[^}]*\} (\S+)$",
+                                                           text, re.M))
+
+    deadline = time.time() + 60
+    while time.time() < deadline and running() > 0:
+        time.sleep(0.5)
+    assert running() == 0, "the request of a client that hung up still runs"
+    r = httpx.post(rec.url + "/v1/chat/completions", headers=rec.headers, timeout=300, trust_env=False,
+                   json={"model": name, "max_tokens": 16, "temperature": 0,
+                         "messages": [{"role": "system", "content": "You are a helpful assistant."},
+                                      {"role": "user", "content": "What is the capital of France?"}]})
+    assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["message"]["content"]
 
 
 def test_the_next_run_reuses_it_and_starts_no_engine(first_runs):

@@ -88,6 +88,15 @@ def test_plan_for_the_default_model(default_model_dir):
     assert make_arg_parser(FlexibleArgumentParser()).parse_args(p2.argv).max_num_seqs == 2
 
 
+def test_the_engine_core_in_the_servers_process_is_asked_for_and_said(default_model_dir):
+    assert not serve.plan("default", port=8123).core_in_process  # `serve` keeps vLLM's layout
+    p = serve.plan("default", port=8123, core_in_process=True)
+    assert p.core_in_process and p.describe["core_in_process"]
+    assert any(line.startswith("engine core: in this process") for line in p.lines)
+    with pytest.raises(serve.ServeError, match="without --multiprocess"):
+        serve.plan("default", port=8123, core_in_process=True, multiprocess=True)
+
+
 def test_tool_parser_choice_for_other_models(tmp_path):
     (tmp_path / "chat_template.jinja").write_text("{{ messages }} <tool_call>{{ x }}</tool_call>")
     assert serve.choose_tools(None, tmp_path, None, None)[0] == "hermes"

@@ -15,6 +15,9 @@ process could take the port), and the client checks the server's pid and token b
 turn. Servers stop themselves after their keep-alive without a request (``serve
 --idle-exit``).
 
+The server is one process: vLLM's API server with its engine core on an engine thread of the
+same process (:mod:`.inproc_core`), not a second process with its own torch and vLLM.
+
 Nothing here imports torch or vLLM: a `run` that finds its server starts in a fraction
 of a second.
 """
@@ -42,6 +45,11 @@ DEFAULT_KEEP_ALIVE_S = 300.0
 STATUS_PATH = "/vllm-edge/status"  # answered by serving.gate
 # vLLM's own variable for its API key: how the server gets its token without a flag in `ps`
 SERVER_KEY_ENV = "VLLM_API_KEY"
+# glibc gives each thread that allocates an arena of its own, up to 8 per core; the one-process
+# server runs about 50 threads (HTTP, tokenizer, OpenMP), and the arenas keep what they freed.
+# Two hold less, with no measured cost on decode (benchmarks/results/server_start_*.json). Read
+# by glibc at process start, so set for the child; a value the user set is kept.
+ARENAS = ("MALLOC_ARENA_MAX", "2")
 
 
 class KeepAliveError(EdgeError):
@@ -238,9 +246,11 @@ def ensure(model: str, quant: str, keep_alive_s: float, options: dict[str, Any] 
                 "sock_fd": sock.fileno()}
         if ranks != (1, 1):
             spec["parallel"] = {"tensor": ranks[0], "pipeline": ranks[1]}
+        else:  # one process, not an API server beside an engine core (docs/guide/run.md)
+            spec.setdefault("core_in_process", True)
         cmd = [sys.executable, "-m", "vllm_edge.serving.keepalive_server", json.dumps(spec)]
         # the key by environment (owner-only /proc/PID/environ), never on the command line
-        env = {**os.environ, SERVER_KEY_ENV: token}
+        env = {ARENAS[0]: ARENAS[1], **os.environ, SERVER_KEY_ENV: token}
         try:
             with open(log, "w") as fh:
                 proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,

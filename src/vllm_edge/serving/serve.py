@@ -31,6 +31,8 @@ GATE = "vllm_edge.serving.gate.RequestGate"
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 # vLLM's default ("auto") pins argument schemas only for tools marked strict.
 TOOL_STRICT_LEVEL = "parameter"
+INPROC_WHY = ("vLLM's async server otherwise starts the engine core as a second process with "
+              "its own copy of torch and vLLM (docs/guide/run.md)")
 TOOL_STRICT_WHY = ("once the model opens a call, its arguments are held to the tool's JSON "
                    "schema; unconstrained, SmolLM2-135M forced to call get_weather(city) wrote "
                    "{\"type\": \"object\", \"properties\": ...} until max_tokens and no call "
@@ -53,6 +55,7 @@ class ServePlan:
     describe: dict[str, Any] = field(default_factory=dict)
     gate: Any = None  # serving.gate.GateConfig, completed from vLLM's parsed arguments
     headless: bool = False  # a node after the first: its ranks only, no API server
+    core_in_process: bool = False  # the engine core runs in the API server's process
 
 
 @dataclass(frozen=True)
@@ -193,7 +196,8 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
          tool_call_parser: str | None = None, chat_template: str | None = None,
          served_model_name: list[str] | None = None, api_key: str | None = None,
          idle_exit_s: float | None = None, extra: list[str] | None = None,
-         parallel: Parallel | None = None, speculative: str = "off") -> ServePlan:
+         parallel: Parallel | None = None, speculative: str = "off",
+         core_in_process: bool = False) -> ServePlan:
     from vllm_edge.models import store
     from vllm_edge.runtime import images, weight_path
     from vllm_edge.runtime.engine import edge_engine
@@ -205,8 +209,12 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
     path, wpath = weight_path.model_for_engine(model, priority, dtype)
     key = store.resolve_key(model).key if (model == "default" or model in store.MODELS) else None
     par = parallel or Parallel()
+    if core_in_process and (multiprocess or par.nnodes > 1):
+        raise ServeError("an engine core in the server's process runs on one machine without "
+                         "--multiprocess")
     edge = edge_engine(path, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                       enforce_eager=enforce_eager, one_process=not multiprocess, server=True,
+                       enforce_eager=enforce_eager, one_process=not multiprocess,
+                       server=not core_in_process,
                        tensor_parallel_size=par.tensor, pipeline_parallel_size=par.pipeline,
                        nnodes=par.nnodes, speculative=speculative)
     names = served_model_name or ([key, "default"] if key else [model])
@@ -265,6 +273,8 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
              f"served model names: {', '.join(names)} (requests may use any of them)",
              f"tool calls: {tools_why}", *samp_lines, *gate_lines]
     lines += par.explain()
+    if core_in_process:
+        lines.append(f"engine core: in this process, on one engine thread ({INPROC_WHY})")
     if idle_exit_s:
         lines.append(f"idle exit: stops after {idle_exit_s:g} s without a request (--idle-exit)")
     if parser:
@@ -280,8 +290,9 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
                 "image_limits": dataclasses.asdict(limits) if accepts else None,
                 "sampling_defaults": {**samp.values, "source": samp.source},
                 "max_body_bytes": gate.body_cap}
+    describe["core_in_process"] = core_in_process
     return ServePlan(Path(path), names, host, port, argv, dict(edge.env), lines, describe, gate,
-                     headless=par.headless)
+                     headless=par.headless, core_in_process=core_in_process)
 
 
 def kv_connector_flag(extra: list[str]) -> bool:
@@ -325,6 +336,10 @@ def run_vllm(p: ServePlan, sock: socket.socket | None) -> None:
         run_headless(args)
         return
     configure_gate(p, args)
+    if p.core_in_process:
+        from vllm_edge.serving import inproc_core
+
+        inproc_core.install()
     host = f"[{p.host}]" if ":" in p.host else p.host
     uvloop.run(run_server_worker(f"http://{host}:{p.port}", sock, args))
 

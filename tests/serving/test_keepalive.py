@@ -195,7 +195,6 @@ def test_the_server_key_goes_by_environment_and_the_socket_by_fd(tmp_path, monke
     import socket
 
     monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path))
-    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     calls = {}
 
     class FakeProc:
@@ -222,13 +221,8 @@ def test_the_server_key_goes_by_environment_and_the_socket_by_fd(tmp_path, monke
     spec = json.loads(calls["cmd"][-1])
     assert spec["sock_fd"] == calls["kw"]["pass_fds"][0] and calls["listening"] == 1
     assert calls["addr"] == ("127.0.0.1", spec["port"])
-    # one process: the engine core in the server's, with few malloc arenas unless the user chose
-    assert spec["core_in_process"] is True
-    assert calls["kw"]["env"]["MALLOC_ARENA_MAX"] == "2"
-    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
-    with pytest.raises(keepalive.KeepAliveError):
-        keepalive.ensure("default", "auto", 60)
-    assert calls["kw"]["env"]["MALLOC_ARENA_MAX"] == "4"
+    assert spec["core_in_process"] is True  # one process: the engine core in the server's
+    assert spec["max_num_batched_tokens"] == keepalive.BATCH_TOKENS
     with pytest.raises(keepalive.KeepAliveError):
         keepalive.ensure("default", "auto", 60, ranks=(2, 1))
     assert "core_in_process" not in json.loads(calls["cmd"][-1])  # ranks: vLLM's layout

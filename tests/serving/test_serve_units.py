@@ -90,8 +90,9 @@ def test_plan_for_the_default_model(default_model_dir):
 
 def test_the_engine_core_in_the_servers_process_is_asked_for_and_said(default_model_dir):
     assert not serve.plan("default", port=8123).core_in_process  # `serve` keeps vLLM's layout
-    p = serve.plan("default", port=8123, core_in_process=True)
+    p = serve.plan("default", port=8123, core_in_process=True, max_num_batched_tokens=512)
     assert p.core_in_process and p.describe["core_in_process"]
+    assert p.argv[p.argv.index("--max-num-batched-tokens") + 1] == "512"
     assert any(line.startswith("engine core: in this process") for line in p.lines)
     with pytest.raises(serve.ServeError, match="without --multiprocess"):
         serve.plan("default", port=8123, core_in_process=True, multiprocess=True)

@@ -45,11 +45,10 @@ DEFAULT_KEEP_ALIVE_S = 300.0
 STATUS_PATH = "/vllm-edge/status"  # answered by serving.gate
 # vLLM's own variable for its API key: how the server gets its token without a flag in `ps`
 SERVER_KEY_ENV = "VLLM_API_KEY"
-# glibc gives each thread that allocates an arena of its own, up to 8 per core; the one-process
-# server runs about 50 threads (HTTP, tokenizer, OpenMP), and the arenas keep what they freed.
-# Two hold less, with no measured cost on decode (benchmarks/results/server_start_*.json). Read
-# by glibc at process start, so set for the child; a value the user set is kept.
-ARENAS = ("MALLOC_ARENA_MAX", "2")
+# Tokens per engine step: vLLM's server default (2048 on CPU) sizes the dummy forward of every
+# start; 512 started 2 s sooner and held about 20 MB less here, and a longer prompt prefills in
+# chunks (bench server: benchmarks/results/server_start/).
+BATCH_TOKENS = 512
 
 
 class KeepAliveError(EdgeError):
@@ -248,9 +247,10 @@ def ensure(model: str, quant: str, keep_alive_s: float, options: dict[str, Any] 
             spec["parallel"] = {"tensor": ranks[0], "pipeline": ranks[1]}
         else:  # one process, not an API server beside an engine core (docs/guide/run.md)
             spec.setdefault("core_in_process", True)
+        spec.setdefault("max_num_batched_tokens", BATCH_TOKENS)
         cmd = [sys.executable, "-m", "vllm_edge.serving.keepalive_server", json.dumps(spec)]
         # the key by environment (owner-only /proc/PID/environ), never on the command line
-        env = {ARENAS[0]: ARENAS[1], **os.environ, SERVER_KEY_ENV: token}
+        env = {**os.environ, SERVER_KEY_ENV: token}
         try:
             with open(log, "w") as fh:
                 proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,

@@ -197,7 +197,7 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
          served_model_name: list[str] | None = None, api_key: str | None = None,
          idle_exit_s: float | None = None, extra: list[str] | None = None,
          parallel: Parallel | None = None, speculative: str = "off",
-         core_in_process: bool = False) -> ServePlan:
+         core_in_process: bool = False, max_num_batched_tokens: int | None = None) -> ServePlan:
     from vllm_edge.models import store
     from vllm_edge.runtime import images, weight_path
     from vllm_edge.runtime.engine import edge_engine
@@ -214,7 +214,7 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
                          "--multiprocess")
     edge = edge_engine(path, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                        enforce_eager=enforce_eager, one_process=not multiprocess,
-                       server=not core_in_process,
+                       server=not core_in_process, max_num_batched_tokens=max_num_batched_tokens,
                        tensor_parallel_size=par.tensor, pipeline_parallel_size=par.pipeline,
                        nnodes=par.nnodes, speculative=speculative)
     names = served_model_name or ([key, "default"] if key else [model])
@@ -369,6 +369,9 @@ def configure_gate(p: ServePlan, args: Any) -> None:
 def main(model: str, *, sock: socket.socket | None = None, **options: Any) -> int:
     """``sock``: a socket already bound to ``host:port`` and listening (the keep-alive
     server's, bound by its parent); otherwise one is bound here."""
+    from vllm_edge.runtime import triton_hide
+
+    triton = triton_hide.hide()  # before anything here imports torch (runtime/triton_hide.py)
     host, port = options["host"], options["port"]
     par = options.get("parallel") or Parallel()
     # ServeError on a busy port, before any engine work; a headless node serves no API
@@ -376,7 +379,7 @@ def main(model: str, *, sock: socket.socket | None = None, **options: Any) -> in
         sock = bind(host, port)
     try:
         p = plan(model, **options)
-        for line in p.lines:
+        for line in [*p.lines, f"triton: {triton} (VLLM_EDGE_HIDE_TRITON)"]:
             print(f"[vllm-edge] {line}", file=sys.stderr, flush=True)
         if sock is not None:
             print(f"[vllm-edge] listening on http://{host}:{port}/v1 once the engine is ready "

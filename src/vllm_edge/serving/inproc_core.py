@@ -2,8 +2,8 @@
 
 vLLM 0.32's AsyncLLM always starts its engine core in a process of its own (its client factory
 refuses asyncio without multiprocessing). For one small model on a small machine, that second
-process carries a second copy of torch, vLLM and the tokenizer: the API server process alone
-held about 540 MB RssAnon of the keep-alive server's 1.3 GB (``bench server``).
+process carries a second copy of torch, vLLM and the tokenizer, and the API server process that
+holds the first copy only does HTTP and tokenization (``bench server`` measures both layouts).
 
 :func:`install` hands AsyncLLM a client whose core is vLLM's own ``EngineCore``, built and
 stepped on one engine thread of the server process. Everything vLLM's server does (routes,

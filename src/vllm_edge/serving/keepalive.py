@@ -46,8 +46,8 @@ STATUS_PATH = "/vllm-edge/status"  # answered by serving.gate
 # vLLM's own variable for its API key: how the server gets its token without a flag in `ps`
 SERVER_KEY_ENV = "VLLM_API_KEY"
 # Tokens per engine step: vLLM's server default (2048 on CPU) sizes the dummy forward of every
-# start; 512 started 2 s sooner and held about 20 MB less here, and a longer prompt prefills in
-# chunks (bench server: benchmarks/results/server_start/).
+# start; 512 reached the first token 2.3 s sooner on a 2-core EPYC, at the same memory, and a
+# longer prompt prefills in chunks (bench server: benchmarks/results/server_start/).
 BATCH_TOKENS = 512
 
 

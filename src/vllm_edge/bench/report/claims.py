@@ -86,6 +86,8 @@ _X = "{:.2f}×"
 _SAMPLING = "sampling/defaults.json"
 _SERVER = "server_start.json"
 _SERVER_COLD = "server_start_cold.json"
+# the one-process server against the two-process one, side by side (an AVX2-only EPYC)
+_SERVER_1P = "server_start/amd-epyc-avx2-2-cores.json"
 
 CLAIMS: tuple[Claim, ...] = (
     # Start-up: the aot_cache patch (docs/design/patches.md)
@@ -174,6 +176,17 @@ CLAIMS: tuple[Claim, ...] = (
           target=("<=", 60), flags=("single pass",)),
     Claim("Default path: the keep-alive server", "spawn to first token, one sequence, warm caches",
           _SERVER, ("arms", "one sequence", "median", "first_token_s"), "{:.1f} s", target=("<=", 10)),
+    Claim("Default path: the keep-alive server", "RssAnon, one process (the engine core in the API server's), warm",
+          _SERVER_1P, ("arms", "one process", "median", "server_rss_anon_mb"), "{:.0f} MB", target=("<=", 700)),
+    Claim("Default path: the keep-alive server", "RssAnon, API server and engine core apart (before), warm",
+          _SERVER_1P, ("arms", "two processes", "median", "server_rss_anon_mb"), "{:.0f} MB"),
+    Claim("Default path: the keep-alive server", "spawn to first token, one process, warm caches",
+          _SERVER_1P, ("arms", "one process", "median", "first_token_s"), "{:.1f} s", target=("<=", 10)),
+    Claim("Default path: the keep-alive server", "spawn to first token, two processes (before), warm caches",
+          _SERVER_1P, ("arms", "two processes", "median", "first_token_s"), "{:.1f} s"),
+    Claim("Default path: the keep-alive server", "spawn to first token: 512 tokens per step (one process, 512 − 2048)",
+          _SERVER_1P, ("arms", "one process", "median", "first_token_s"), "{:+.1f} s",
+          minus=(None, ("arms", "one process, 2048 tokens per step", "median", "first_token_s"))),
     # serve (docs/guide/serve.md)
     Claim("serve soak", "requests in the soak", "soak_10min.json", ("requests",), "{}"),
     Claim("serve soak", "HTTP 5xx", "soak_10min.json", ("http_5xx",), "{}"),

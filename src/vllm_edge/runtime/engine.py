@@ -102,7 +102,8 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
         kwargs["max_num_batched_tokens"] = max_num_batched_tokens
         reasons["max_num_batched_tokens"] = (
             f"{max_num_batched_tokens} tokens per step, longer prompts prefill in chunks: vLLM's "
-            "start-up dummy forward is this long, and on CPU its default of 4096 costs seconds")
+            "start-up dummy forward is this long, and on CPU its default (4096 for LLM, 2048 "
+            "for the API server) costs seconds")
     reasons["enable_prefix_caching"] = (
         "chat turns share their prefix" if enable_prefix_caching else "off, as for pp measurements")
     from vllm_edge.runtime import speculative as spec

@@ -88,6 +88,7 @@ _SERVER = "server_start.json"
 _SERVER_COLD = "server_start_cold.json"
 # the one-process server against the two-process one, side by side (an AVX2-only EPYC)
 _SERVER_1P = "server_start/amd-epyc-avx2-2-cores.json"
+_SERVER_1P_COLD = "server_start/amd-epyc-avx2-2-cores-cold.json"
 
 CLAIMS: tuple[Claim, ...] = (
     # Start-up: the aot_cache patch (docs/design/patches.md)
@@ -182,6 +183,10 @@ CLAIMS: tuple[Claim, ...] = (
           _SERVER_1P, ("arms", "two processes", "median", "server_rss_anon_mb"), "{:.0f} MB"),
     Claim("Default path: the keep-alive server", "spawn to first token, one process, warm caches",
           _SERVER_1P, ("arms", "one process", "median", "first_token_s"), "{:.1f} s", target=("<=", 10)),
+    Claim("Default path: the keep-alive server",
+          "cold first answer, one process: empty VLLM_EDGE_HOME and vLLM cache, spawn to first token (repack and compile included)",
+          _SERVER_1P_COLD, ("arms", "one process", "first_pass", "first_token_s"), "{:.1f} s",
+          target=("<=", 60), flags=("single pass",)),
     Claim("Default path: the keep-alive server", "spawn to first token, two processes (before), warm caches",
           _SERVER_1P, ("arms", "two processes", "median", "first_token_s"), "{:.1f} s"),
     Claim("Default path: the keep-alive server", "spawn to first token: 512 tokens per step (one process, 512 − 2048)",

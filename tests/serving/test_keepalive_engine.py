@@ -81,6 +81,8 @@ def test_the_server_is_one_process_and_an_abort_frees_its_engine(first_runs):
     assert [pid for pid, _ in server] == [row["pid"]], rows
     assert "keepalive_server" in server[0][1]
     rec = keepalive.find(keepalive.server_key("default", "auto"))
+    # the engine vLLM built runs the keep-alive server's step size, not the server default
+    assert f"max_num_batched_tokens={keepalive.BATCH_TOKENS}." in open(rec.log).read()
     name = keepalive.served_name(rec)
     body = {"model": name, "messages": [{"role": "user", "content": "Write a very long story."}],
             "max_tokens": 1500, "temperature": 0.8, "stream": True}

@@ -117,7 +117,7 @@ def client_class() -> type:
                 await work.wait()
             try:
                 return await self._engine.run(self.get_output)
-            except BaseException:
+            except Exception:  # not CancelledError: AsyncLLM cancels this wait when it shuts down
                 self.resources.engine_dead = True  # /health answers 500 from now on
                 raise
 

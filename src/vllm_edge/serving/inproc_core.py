@@ -149,9 +149,10 @@ def client_class() -> type:
     return InprocAsyncClient
 
 
-def install() -> None:
+def install(on_ready: Callable[[], None] | None = None) -> None:
     """From now on, this process's AsyncLLM runs its engine core in this process. Only for a
-    process that serves one engine (the keep-alive server): the switch is process-wide."""
+    process that serves one engine (the keep-alive server): the switch is process-wide.
+    ``on_ready`` is called once the engine core is built (loaded, warmed up, KV allocated)."""
     from vllm.v1.engine.core_client import EngineCoreClient
 
     cls = client_class()
@@ -162,6 +163,9 @@ def install() -> None:
         if client_addresses or client_count != 1 or vllm_config.parallel_config.data_parallel_size > 1:
             raise ValueError("an engine core in the server's process serves one API server "
                              "and one data-parallel rank")
-        return cls(vllm_config, executor_class, log_stats)
+        client = cls(vllm_config, executor_class, log_stats)
+        if on_ready is not None:
+            on_ready()
+        return client
 
     EngineCoreClient.make_async_mp_client = staticmethod(make_client)

@@ -247,6 +247,8 @@ def ensure(model: str, quant: str, keep_alive_s: float, options: dict[str, Any] 
             spec["parallel"] = {"tensor": ranks[0], "pipeline": ranks[1]}
         else:  # one process, not an API server beside an engine core (docs/guide/run.md)
             spec.setdefault("core_in_process", True)
+            # eager until its compiled graph is cached, built beside it (serving/graph_cache.py)
+            spec.setdefault("graph", "background")
         spec.setdefault("max_num_batched_tokens", BATCH_TOKENS)
         cmd = [sys.executable, "-m", "vllm_edge.serving.keepalive_server", json.dumps(spec)]
         # the key by environment (owner-only /proc/PID/environ), never on the command line

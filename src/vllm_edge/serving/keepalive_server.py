@@ -3,6 +3,8 @@ parent (:mod:`.keepalive`) passes as one JSON argument.
 
 A serving entry point of its own, so that a `run` never enters the CLI a second time to start
 its server: ``python -m vllm_edge.serving.keepalive_server '{"model": ..., "port": ...}'``.
+With ``"graph": "build"`` it is the builder of a server's compiled graph (:mod:`.graph_cache`),
+at the lowest CPU priority.
 """
 
 from __future__ import annotations
@@ -33,6 +35,24 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m vllm_edge.serving.keepalive_server OPTIONS_JSON", file=sys.stderr)
         return 2
     options = options_from_json(argv[0])
+    if options.get("graph") == "build":
+        from vllm_edge.serving import graph_cache
+
+        # the build lock its server claimed for it, by descriptor
+        options["graph_spec"] = {"lock_fd": options.pop("lock_fd", None)}
+
+        # a builder of the next start's graph yields to everything else
+        print(f"[vllm-edge] compiled graph builder: {graph_cache.yield_cpu()}", file=sys.stderr,
+              flush=True)
+    elif options.get("graph") == "background":
+        import os
+
+        # the builder gets this server's options, not its socket, and the environment it was
+        # started with: vLLM sets variables of its own as it starts, and its compile cache is
+        # keyed on its variables
+        options["graph_spec"] = {
+            "options": {k: v for k, v in json.loads(argv[0]).items() if k not in ("sock_fd", "graph")},
+            "env": dict(os.environ)}
     fd = options.pop("sock_fd", None)
     if fd is not None:  # the parent's bound, listening socket: no port race
         import socket

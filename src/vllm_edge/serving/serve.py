@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import os
 import socket
 import sys
 from dataclasses import dataclass, field
@@ -302,8 +303,11 @@ def kv_connector_flag(extra: list[str]) -> bool:
                for a in extra)
 
 
-def run_vllm(p: ServePlan, sock: socket.socket | None) -> None:
-    """Parse ``p.argv`` with vLLM's own serve parser and run its server on ``sock``."""
+def run_vllm(p: ServePlan, sock: socket.socket | None, *, on_ready: Any = None,
+             build_only: bool = False) -> None:
+    """Parse ``p.argv`` with vLLM's own serve parser and run its server on ``sock``.
+    ``on_ready``: called once the engine is built (an in-process core only). ``build_only``:
+    build the engine as the server would, then shut it down (fills vLLM's compile cache)."""
     import os
     import signal
 
@@ -335,13 +339,23 @@ def run_vllm(p: ServePlan, sock: socket.socket | None) -> None:
         args.api_server_count = 0  # as `vllm serve --headless` sets it
         run_headless(args)
         return
-    configure_gate(p, args)
     if p.core_in_process:
         from vllm_edge.serving import inproc_core
 
-        inproc_core.install()
+        inproc_core.install(on_ready=on_ready)
+    if build_only:
+        uvloop.run(_build_engine(args))
+        return
+    configure_gate(p, args)
     host = f"[{p.host}]" if ":" in p.host else p.host
     uvloop.run(run_server_worker(f"http://{host}:{p.port}", sock, args))
+
+
+async def _build_engine(args: Any) -> None:
+    from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
+
+    async with build_async_engine_client(args):
+        pass  # built (and compiled) with the server's own arguments; now shut down
 
 
 def api_keys(args: Any) -> tuple[str, ...]:
@@ -366,28 +380,102 @@ def configure_gate(p: ServePlan, args: Any) -> None:
               "set VLLM_API_KEY); see docs/guide/serve.md#security", file=sys.stderr, flush=True)
 
 
-def main(model: str, *, sock: socket.socket | None = None, **options: Any) -> int:
+def main(model: str, *, sock: socket.socket | None = None, graph: str = "now",
+         graph_spec: dict[str, Any] | None = None, **options: Any) -> int:
     """``sock``: a socket already bound to ``host:port`` and listening (the keep-alive
-    server's, bound by its parent); otherwise one is bound here."""
+    server's, bound by its parent); otherwise one is bound here. ``graph``: ``now`` compiles
+    before serving, as vLLM does; ``background`` (a keep-alive server, whose options are
+    ``graph_spec``: {"options": ..., "env": ...}) serves eager while no compiled graph is cached for its arguments and starts
+    a builder of it once its engine is ready (:mod:`.graph_cache`); ``build`` is that builder:
+    it builds the engine compiled, leaves the marker and exits without serving."""
     from vllm_edge.runtime import triton_hide
 
+    if graph not in ("now", "background", "build"):
+        raise ServeError(f"graph={graph!r}: expected now, background or build")
     triton = triton_hide.hide()  # before anything here imports torch (runtime/triton_hide.py)
     host, port = options["host"], options["port"]
     par = options.get("parallel") or Parallel()
     # ServeError on a busy port, before any engine work; a headless node serves no API
-    if sock is None and not par.headless:
+    if sock is None and not par.headless and graph != "build":
         sock = bind(host, port)
     try:
         p = plan(model, **options)
+        if graph == "build":
+            return build_graph(p, triton, (graph_spec or {}).get("lock_fd"))
+        on_ready = None
+        if graph == "background" and not options.get("enforce_eager") and p.core_in_process:
+            p, on_ready = _eager_until_built(p, model, options, graph_spec or {})
         for line in [*p.lines, f"triton: {triton} (VLLM_EDGE_HIDE_TRITON)"]:
             print(f"[vllm-edge] {line}", file=sys.stderr, flush=True)
         if sock is not None:
             print(f"[vllm-edge] listening on http://{host}:{port}/v1 once the engine is ready "
                   "(GET /health answers 200 then)", file=sys.stderr, flush=True)
-        run_vllm(p, sock)
+        run_vllm(p, sock, on_ready=on_ready)
     except KeyboardInterrupt:
         return 0
     finally:
         if sock is not None:
             sock.close()
+    return 0
+
+
+def _eager_until_built(p: ServePlan, model: str, options: dict[str, Any],
+                       spec: dict[str, Any]) -> tuple[ServePlan, Any]:
+    """``p`` as it is when its compiled graph is cached; else the eager plan and the call that
+    starts the builder once the engine is ready."""
+    from vllm_edge.serving import engine_log, graph_cache
+
+    gkey = graph_cache.key(p.argv, p.env)
+    if graph_cache.built(gkey) is not None:
+        p.lines.append(f"compiled graph: cached for these arguments (marker {graph_cache.marker(gkey)})")
+        return p, None
+    eager = plan(model, **{**options, "enforce_eager": True})
+    eager.lines = [f"enforce_eager=True: {graph_cache.WHY_EAGER}" if line.startswith("enforce_eager=")
+                   else line for line in eager.lines]
+    eager.describe["graph"] = {"key": gkey, "state": "building in the background"}
+    log = engine_log.new_path("graph")
+    eager.lines.append(f"compiled graph: not cached yet; this server runs eager, and a process at the "
+                       f"lowest CPU priority builds it for the next start once this engine is ready")
+    eager.lines.append(f"compiled graph builder log: {log}")
+
+    def start_builder() -> None:
+        fd = graph_cache.claim(gkey)
+        if fd is None:
+            print("[vllm-edge] compiled graph: another process is building it", file=sys.stderr,
+                  flush=True)
+            return
+        try:
+            rc = graph_cache.spawn_builder(spec.get("options", {}), spec.get("env", {}), log, fd)
+        finally:
+            os.close(fd)  # the builder holds the lock now
+        print(f"[vllm-edge] compiled graph: builder started (status {rc})", file=sys.stderr,
+              flush=True)
+
+    return eager, start_builder
+
+
+def build_graph(p: ServePlan, triton: str, lock_fd: int | None = None) -> int:
+    """Build the engine of ``p`` compiled (vLLM saves the graph in its compile cache), then
+    leave the marker that tells the next keep-alive server to start compiled."""
+    import time
+
+    from vllm_edge.serving import graph_cache
+
+    gkey = graph_cache.key(p.argv, p.env)
+    with graph_cache.build_lock(gkey, lock_fd) as held:
+        if not held:
+            print("[vllm-edge] compiled graph: another process is building it", file=sys.stderr,
+                  flush=True)
+            return 0
+        if graph_cache.built(gkey) is not None:
+            print(f"[vllm-edge] compiled graph: already built ({graph_cache.marker(gkey)})",
+                  file=sys.stderr, flush=True)
+            return 0
+        print(f"[vllm-edge] compiled graph: building {gkey} for {p.model_path} (triton: {triton})",
+              file=sys.stderr, flush=True)
+        before, t0 = graph_cache.aot_files(), time.monotonic()
+        run_vllm(p, None, build_only=True)
+        path = graph_cache.record(gkey, before, time.monotonic() - t0, p.argv)
+        print(f"[vllm-edge] compiled graph: built in {time.monotonic() - t0:.0f} s; marker {path}",
+              file=sys.stderr, flush=True)
     return 0

@@ -26,6 +26,8 @@ PHASES: tuple[tuple[str, re.Pattern], ...] = tuple((label, re.compile(pattern)) 
     ("allocating the KV cache", r"CPU KV cache size"),
     ("starting the API server", r"Starting vLLM server on"),
 ))
+# the server's own lines that `run` passes on as they come (what this start does differently)
+NOTE = re.compile(r"^\[vllm-edge\] (compiled graph: not cached yet.*)$")
 # a progress bar's counter: "45%|####      | 123/273 [00:12<00:13, 9.81tensor/s]"
 PROGRESS = re.compile(r"(\d+%)\|[^|]*\|\s*(\d+/\d+)")
 
@@ -35,6 +37,7 @@ class Update:
     """What changed since the last poll: phases that ended (label, seconds), the current phase
     and its latest progress counter."""
     ended: list[tuple[str, float]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     current: str | None = None
     progress: str = ""
     elapsed_s: float = 0.0
@@ -64,6 +67,9 @@ class PhaseTracker:
         pieces = re.split(r"[\r\n]", text)
         self.partial = pieces.pop()  # an unfinished line waits for the next poll
         for piece in pieces + ([self.partial] if PROGRESS.search(self.partial) else []):
+            note = NOTE.match(piece)
+            if note and piece in pieces:
+                update.notes.append(note.group(1))
             for i in range(self.index + 1, len(PHASES)):
                 if PHASES[i][1].search(piece):
                     now = self.clock()
@@ -101,6 +107,9 @@ class Display:
         for label, seconds in update.ended:
             self._clear()
             self.stream.write(f"{self.prefix}{label}: {seconds:.0f} s\n")
+        for note in update.notes:
+            self._clear()
+            self.stream.write(f"{self.prefix}{note}\n")
         if self.tty and update.current:
             detail = f" {update.progress}" if update.progress else ""
             self.stream.write(f"\r\033[K{self.prefix}{update.current}...{detail} {update.elapsed_s:.0f} s")

@@ -120,16 +120,22 @@ def test_every_claim_names_a_build_and_host_and_links_its_artifact():
         assert f"[{c.artifact}](../../benchmarks/results/{c.artifact.partition(':')[0]})" in page
 
 
-def test_the_readme_holds_only_the_headline_each_row_with_its_host_and_section():
+def test_the_readme_holds_only_the_headline_each_row_under_its_host_with_its_section():
     region = _region(README.read_text())
-    rows = [ln for ln in region.splitlines() if ln.startswith("| ") and not ln.startswith("| figure ")]
-    headline = claims.headline_claims()
-    assert 5 <= len(rows) == len(headline) <= 10
+    rows, host = [], None  # (row, the host line above its table)
+    for ln in region.splitlines():
+        m = re.match(r"^Host: \*\*(.+)\*\*\.$", ln)
+        host = m.group(1) if m else host
+        if ln.startswith("| ") and not ln.startswith("| figure "):
+            rows.append((ln, host))
+    by_label = {shown: c for c, shown in claims.headline_claims()}
+    assert 5 <= len(rows) == len(by_label) <= 12
     sections = {claims.slug(c.section) for c in claims.CLAIMS}
-    for row, (c, shown) in zip(rows, headline):
+    for row, row_host in rows:
         cells = [x.strip() for x in row.strip("|").split("|")]
-        assert cells[0] == shown and cells[4] == claims.evaluate(c, REPO / RESULTS).host, row
-        anchor = re.search(r"\]\(docs/results/measured\.md#([\w-]+)\)", cells[5])
+        c = by_label[cells[0]]
+        assert row_host == claims.evaluate(c, REPO / RESULTS).host, row
+        anchor = re.search(r"\]\(docs/results/measured\.md#([\w-]+)\)", cells[4])
         assert anchor and anchor.group(1) in sections, row
     page_headings = {claims.slug(h) for h in re.findall(r"^## (.+)$", PAGE.read_text(), re.M)}
     assert sections == page_headings
@@ -446,7 +452,11 @@ def test_report_splices_the_readme_region(tmp_path, no_plots):
     text = readme.read_text()
     assert out["readme"] == str(readme)
     assert text.startswith("# Mine\n\nBy hand.") and text.rstrip().endswith("After.")
-    assert "stale" not in text and "| figure | value | flags | build | host | more |" in text
+    assert "stale" not in text and "| figure | value | flags | build | more |" in text
+    # one table per host, each host once: no table holds figures of two hosts
+    hosts = re.findall(r"^Host: \*\*(.+)\*\*\.$", text, re.M)
+    figs = [claims.evaluate(c, REPO / RESULTS) for c, _ in claims.headline_claims()]
+    assert sorted(hosts) == sorted({f.host or "host not recorded" for f in figs}), hosts
     assert not readme_mismatches(text, REPO / RESULTS, readme)
     page = tmp_path / claims.PAGE  # every claim goes beside the README it belongs to
     assert not page_mismatches(page.read_text(), REPO / RESULTS, page)

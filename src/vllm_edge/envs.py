@@ -239,6 +239,12 @@ _declare(
     "vLLM's own default.", owner="vllm",
 )
 _declare(
+    "XDG_CACHE_HOME", "path", "~/.cache",
+    "The user's cache directory; vLLM's cache root is its `vllm` folder when VLLM_CACHE_ROOT is "
+    "unset, and the keep-alive server's compiled-graph markers name files there.",
+    "vLLM's own rule (vllm/envs.py: get_default_cache_root).", owner="xdg",
+)
+_declare(
     "VLLM_ENABLE_V1_MULTIPROCESSING", "bool", True,
     "vLLM runs the engine core in a separate process when true.",
     "vLLM's own default.", owner="vllm",
@@ -353,7 +359,8 @@ your shell. A test fails if `src/` reads a name that is not declared.
 _DOC_SECTIONS = (("vllm-edge", "Our switches"), ("vllm", "Names owned by vLLM that we read or set"),
                  ("openmp", "Names owned by OpenMP that we set"),
                  ("torch", "Names owned by torch that we read"),
-                 ("toolchain", "Names owned by the build toolchain that we read"))
+                 ("toolchain", "Names owned by the build toolchain that we read"),
+                 ("xdg", "Names of the XDG base directories that we read"))
 
 
 def _doc_default(var: EnvVar) -> str:

@@ -64,3 +64,21 @@ def test_the_display_keeps_finished_phases_and_redraws_the_current_one(tmp_path)
     piped = io.StringIO()
     Display(piped, tty=False)(PhaseTracker(log).poll())
     assert "\r" not in piped.getvalue() and "quantizing..." not in piped.getvalue()
+
+
+def test_an_eager_first_start_is_said_once_on_the_terminal(tmp_path):
+    """The server's line that it runs eager while its graph is built reaches the user, once,
+    even when it arrives in two reads; the builder's log path stays in the server's log."""
+    log = tmp_path / "serve.log"
+    line = ("[vllm-edge] compiled graph: not cached yet; this server runs eager, and a process at the "
+            "lowest CPU priority builds it for the next start once this engine is ready\n")
+    log.write_text(line[:30])
+    tracker, out = PhaseTracker(log), io.StringIO()
+    show = Display(out, tty=False)
+    show(tracker.poll())
+    with open(log, "a") as f:
+        f.write(line[30:] + "[vllm-edge] compiled graph builder log: /x/graph.log\n" + LOG[4])
+    show(tracker.poll())
+    show(tracker.finish())
+    text = out.getvalue()
+    assert text.count("compiled graph: not cached yet") == 1 and "graph.log" not in text

@@ -117,6 +117,9 @@ def record(k: str, before: dict[str, float], seconds: float, argv: list[str]) ->
     from vllm_edge.common import atomic
 
     files = sorted(f for f, m in aot_files().items() if before.get(f) != m)
+    for other in root().glob("*.json"):  # markers whose cache files are gone count for nothing
+        if other.stem != k and built(other.stem) is None:
+            other.unlink(missing_ok=True)
     return atomic.write_json(marker(k), {"key": k, "files": files, "build_s": round(seconds, 1),
                                          "argv": _argv_for_key(argv), "built": time.time()})
 

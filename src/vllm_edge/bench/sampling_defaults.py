@@ -9,6 +9,8 @@ Arms:
 
 - ``vllm-defaults``: what the chat sends now, nothing but the messages: the server's defaults
   (serving/sampling.py) apply;
+- ``vllm-defaults-eager``: the same, on an eager server, as a first start serves while its
+  compiled graph is built (serving/graph_cache.py): other kernels, other rounding;
 - ``vllm-chat-before``: what the chat sent before (temperature 0.7, top_p 1.0);
 - ``llamacpp-python``: llama-cpp-python's ``create_chat_completion`` at its own defaults on a
   GGUF file (temperature 0.2, top_k 40, top_p 0.95, min_p 0.05);
@@ -87,10 +89,14 @@ def _score(ask: Callable[[str], str], prompts, samples: int) -> dict[str, Any]:
 
 
 def vllm_arm(model: str, quant: str, sampling: dict[str, Any], max_tokens: int,
-             system: str | None = SYSTEM) -> Callable[[str], str]:
+             system: str | None = SYSTEM, eager: bool = False) -> Callable[[str], str]:
+    """``eager``: on a server of its own started eager (stopped by :func:`stop_server`), as a
+    first start serves; else on the running server or one started as `run` starts it."""
     from vllm_edge.serving import chat, keepalive
 
-    rec, _ = keepalive.ensure(model, quant, 600, {})
+    if eager:
+        stop_server(model, quant)
+    rec, _ = keepalive.ensure(model, quant, 600, {"enforce_eager": True} if eager else {})
     name = keepalive.served_name(rec)
     settings = chat.Settings(max_tokens=max_tokens, system=system, **sampling)
 
@@ -98,6 +104,14 @@ def vllm_arm(model: str, quant: str, sampling: dict[str, Any], max_tokens: int,
         return chat.stream_answer(rec.url, name, chat.turn([{"role": "user", "content": prompt}], settings),
                                   settings, io.StringIO(), rec.headers).text
     return ask
+
+
+def stop_server(model: str, quant: str) -> None:
+    from vllm_edge.serving import keepalive
+
+    rec = keepalive.find(keepalive.server_key(model, quant))
+    if rec is not None:
+        keepalive.stop(rec)
 
 
 def server_defaults(model: str, quant: str) -> dict[str, Any]:
@@ -150,6 +164,9 @@ def run(model: str = "default", *, gguf: str | None = None, samples: int = 3, fr
         if arm == "vllm-defaults":
             ask = vllm_arm(model, "auto", {}, max_tokens, system)
             result["server_defaults"] = server_defaults(model, "auto")
+        elif arm == "vllm-defaults-eager":
+            ask = vllm_arm(model, "auto", {}, max_tokens, system, eager=True)
+            llm = "eager server"
         elif arm == "vllm-chat-before":
             ask = vllm_arm(model, "auto", OLD_CHAT, max_tokens, system)
         elif arm in ("llamacpp-python", "llamacpp-server"):
@@ -166,7 +183,9 @@ def run(model: str = "default", *, gguf: str | None = None, samples: int = 3, fr
             scored["france"] = {"coherent": sum(coherent(a, FRANCE[1]) for a in fr), "asked": france,
                                 "answers": [a[:300] for a in fr]}
         finally:
-            if llm is not None:
+            if llm == "eager server":  # the next arm gets the server `run` starts
+                stop_server(model, "auto")
+            elif llm is not None:
                 llm.close()
         scored["seconds"] = round(time.time() - t0, 1)
         result["arms"][arm] = scored

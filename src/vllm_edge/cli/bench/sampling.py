@@ -9,8 +9,9 @@ import sys
 from vllm_edge.cli.args import add_out
 
 NAME = "sampling"
-HELP = "coherent answers at the default sampling: vLLM's served defaults, the chat's old ones, llama.cpp's"
-ARMS = ("vllm-defaults", "vllm-chat-before", "llamacpp-python", "llamacpp-server")
+HELP = ("coherent answers at the default sampling: vLLM's served defaults (compiled, and eager as "
+        "a first start serves), the chat's old ones, llama.cpp's")
+ARMS = ("vllm-defaults", "vllm-defaults-eager", "vllm-chat-before", "llamacpp-python", "llamacpp-server")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:

@@ -84,6 +84,7 @@ _STEP_LEVERS = "grid/step_levers/summary.json"
 _CMP_1B = "compare_1b/intel-xeon-processor-amx-bf16-2-cores/speed/summary.json"
 _X = "{:.2f}×"
 _SAMPLING = "sampling/defaults.json"
+_SAMPLING_AVX2 = "sampling/amd-epyc-avx2-2-cores.json"
 _SERVER = "server_start.json"
 _SERVER_COLD = "server_start_cold.json"
 # the one-process server against the two-process one, side by side (an AVX2-only EPYC)
@@ -168,6 +169,22 @@ CLAIMS: tuple[Claim, ...] = (
           _SAMPLING, ("arms", "llamacpp-python", "france", "coherent"), "{}"),
     Claim("Default path: coherent answers at the default sampling", "coherent of 20 capital-of-France answers, llama.cpp server defaults",
           _SAMPLING, ("arms", "llamacpp-server", "france", "coherent"), "{}"),
+    # the same prompt set on an AVX2-only EPYC, with the eager server a first start serves
+    *(Claim("Default path: coherent answers at the default sampling", label, _SAMPLING_AVX2, path, "{}")
+      for label, path in (
+          ("coherent of 20 prompts, vLLM at the served defaults", ("arms", "vllm-defaults", "coherent")),
+          ("coherent of 20 prompts, vLLM at the served defaults, eager (a first start)",
+           ("arms", "vllm-defaults-eager", "coherent")),
+          ("coherent of 20 prompts, llama-cpp-python defaults, same file", ("arms", "llamacpp-python", "coherent")),
+          ("coherent of 20 prompts, llama.cpp server defaults, same file", ("arms", "llamacpp-server", "coherent")),
+          ("coherent of 20 capital-of-France answers, vLLM at the served defaults",
+           ("arms", "vllm-defaults", "france", "coherent")),
+          ("coherent of 20 capital-of-France answers, vLLM at the served defaults, eager (a first start)",
+           ("arms", "vllm-defaults-eager", "france", "coherent")),
+          ("coherent of 20 capital-of-France answers, llama-cpp-python defaults",
+           ("arms", "llamacpp-python", "france", "coherent")),
+          ("coherent of 20 capital-of-France answers, llama.cpp server defaults",
+           ("arms", "llamacpp-server", "france", "coherent")))),
     Claim("Default path: the keep-alive server", "RssAnon of its processes, one sequence (run's default), warm",
           _SERVER, ("arms", "one sequence", "median", "server_rss_anon_mb"), "{:.0f} MB", target=("<=", 700)),
     Claim("Default path: the keep-alive server", "RssAnon of its processes, 4 sequences (serve's default), warm",
@@ -395,10 +412,14 @@ def _prov_build(data: dict) -> str:
     """The build of a one-run artifact, from its provenance: model and quantization config."""
     prov = data.get("provenance") or {}
     model = prov.get("model") or {}
+    if (data.get("server_defaults") or {}).get("build"):
+        # bench sampling's provenance holds the name it asked for ("default"); the build its
+        # server loaded is recorded beside it
+        return f"{data['server_defaults']['build']} (served)"
     if not model.get("path"):
-        # A client's artifact names the build its server loaded when it asked (bench sampling,
-        # bench server), else only the model it asked the server for (the agent suite).
-        built = data.get("build") or (data.get("server_defaults") or {}).get("build")
+        # A client's artifact names the build its server loaded when it asked (bench server),
+        # else only the model it asked the server for (the agent suite).
+        built = data.get("build")
         if built:
             return f"{built} (served)"
         served = prov.get("served_model") or data.get("model")

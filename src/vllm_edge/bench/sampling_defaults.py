@@ -22,6 +22,7 @@ Quality, not speed: the host's load does not move these counts, so the arms need
 
 from __future__ import annotations
 
+import functools
 import io
 import re
 import time
@@ -160,13 +161,13 @@ def run(model: str = "default", *, gguf: str | None = None, samples: int = 3, fr
     for arm in arms:
         say(f"arm {arm}")
         t0 = time.time()
-        llm = None
+        close: Callable[[], None] | None = None  # what the arm leaves behind, undone after it
         if arm == "vllm-defaults":
             ask = vllm_arm(model, "auto", {}, max_tokens, system)
             result["server_defaults"] = server_defaults(model, "auto")
         elif arm == "vllm-defaults-eager":
             ask = vllm_arm(model, "auto", {}, max_tokens, system, eager=True)
-            llm = "eager server"
+            close = functools.partial(stop_server, model, "auto")  # the next arm gets `run`'s server
         elif arm == "vllm-chat-before":
             ask = vllm_arm(model, "auto", OLD_CHAT, max_tokens, system)
         elif arm in ("llamacpp-python", "llamacpp-server"):
@@ -174,6 +175,7 @@ def run(model: str = "default", *, gguf: str | None = None, samples: int = 3, fr
                 continue
             ask, llm = llamacpp_arm(Path(gguf), {} if arm == "llamacpp-python" else LLAMACPP_SERVER,
                                     max_tokens, system)
+            close = llm.close
         else:
             raise ValueError(f"unknown arm {arm!r}")
         try:
@@ -183,10 +185,8 @@ def run(model: str = "default", *, gguf: str | None = None, samples: int = 3, fr
             scored["france"] = {"coherent": sum(coherent(a, FRANCE[1]) for a in fr), "asked": france,
                                 "answers": [a[:300] for a in fr]}
         finally:
-            if llm == "eager server":  # the next arm gets the server `run` starts
-                stop_server(model, "auto")
-            elif llm is not None:
-                llm.close()
+            if close is not None:
+                close()
         scored["seconds"] = round(time.time() - t0, 1)
         result["arms"][arm] = scored
         say(f"  {arm}: coherent {scored['coherent']}/{scored['asked']}, France "

@@ -169,14 +169,6 @@ def building(k: str) -> bool:
     return False
 
 
-def wait(k: str, timeout_s: float = 1800, poll_s: float = 1.0) -> dict[str, Any] | None:
-    """Wait while a builder of ``k`` runs; the marker then, or None."""
-    deadline = time.monotonic() + timeout_s
-    while building(k) and time.monotonic() < deadline:
-        time.sleep(poll_s)
-    return built(k)
-
-
 def wait_all(since: float, timeout_s: float = 1800) -> list[dict[str, Any]]:
     """Wait until no builder runs; the markers written since ``since`` (a wall time)."""
     deadline = time.monotonic() + timeout_s
@@ -198,9 +190,9 @@ def wait_all(since: float, timeout_s: float = 1800) -> list[dict[str, Any]]:
 def spawn_builder(spec: dict[str, Any], env: dict[str, str], log: Path, lock_fd: int) -> int:
     """Start the builder for a keep-alive server of options ``spec`` (those of
     :mod:`.keepalive_server`) that was started with environment ``env``, holding the build lock
-    ``lock_fd`` (from :func:`claim`) from its start, detached: through a shell that exits at once, so the builder
-    belongs to no server's process tree, and in a process group of its own, so stopping the
-    server does not stop it. It stays in the server's session: Linux's autogroup scheduler
+    ``lock_fd`` (from :func:`claim`) from its start. Detached: through a shell that exits at
+    once, so the builder belongs to no server's process tree, and in a process group of its own,
+    so stopping the server does not stop it. It stays in the server's session: Linux's autogroup scheduler
     shares the CPU fairly between sessions whatever their nice values, and a builder in a
     session of its own took half of a 2-core machine from the server's first answer (decode
     1.1 tok/s instead of 37). Returns the shell's exit status (0: started)."""
@@ -209,8 +201,8 @@ def spawn_builder(spec: dict[str, Any], env: dict[str, str], log: Path, lock_fd:
     env = {k: v for k, v in env.items() if k != "VLLM_API_KEY"}  # it serves nothing
     with open(log, "w") as fh:
         return subprocess.run(["/bin/sh", "-c", '"$@" &', "sh", *cmd], stdin=subprocess.DEVNULL,
-                              stdout=fh, stderr=subprocess.STDOUT, env=env, process_group=0, pass_fds=(lock_fd,),
-                              timeout=30).returncode
+                              stdout=fh, stderr=subprocess.STDOUT, env=env, process_group=0,
+                              pass_fds=(lock_fd,), timeout=30).returncode
 
 
 def yield_cpu() -> str:

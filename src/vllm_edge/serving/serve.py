@@ -384,10 +384,11 @@ def main(model: str, *, sock: socket.socket | None = None, graph: str = "now",
          graph_spec: dict[str, Any] | None = None, **options: Any) -> int:
     """``sock``: a socket already bound to ``host:port`` and listening (the keep-alive
     server's, bound by its parent); otherwise one is bound here. ``graph``: ``now`` compiles
-    before serving, as vLLM does; ``background`` (a keep-alive server, whose options are
-    ``graph_spec``: {"options": ..., "env": ...}) serves eager while no compiled graph is cached for its arguments and starts
-    a builder of it once its engine is ready (:mod:`.graph_cache`); ``build`` is that builder:
-    it builds the engine compiled, leaves the marker and exits without serving."""
+    before serving, as vLLM does; ``background`` (a keep-alive server, whose options and start
+    environment are ``graph_spec``: {"options": ..., "env": ...}) serves eager while no compiled
+    graph is cached for its arguments and starts a builder of it once its engine is ready
+    (:mod:`.graph_cache`); ``build`` is that builder (``graph_spec``: {"lock_fd": ...}): it
+    builds the engine compiled, leaves the marker and exits without serving."""
     from vllm_edge.runtime import triton_hide
 
     if graph not in ("now", "background", "build"):

@@ -66,10 +66,8 @@ class PhaseTracker:
         text = self.partial + data.decode(errors="replace")
         pieces = re.split(r"[\r\n]", text)
         self.partial = pieces.pop()  # an unfinished line waits for the next poll
+        update.notes = [m.group(1) for m in map(NOTE.match, pieces) if m]  # whole lines only
         for piece in pieces + ([self.partial] if PROGRESS.search(self.partial) else []):
-            note = NOTE.match(piece)
-            if note and piece in pieces:
-                update.notes.append(note.group(1))
             for i in range(self.index + 1, len(PHASES)):
                 if PHASES[i][1].search(piece):
                     now = self.clock()

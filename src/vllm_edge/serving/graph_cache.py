@@ -192,10 +192,10 @@ def spawn_builder(spec: dict[str, Any], env: dict[str, str], log: Path, lock_fd:
     :mod:`.keepalive_server`) that was started with environment ``env``, holding the build lock
     ``lock_fd`` (from :func:`claim`) from its start. Detached: through a shell that exits at
     once, so the builder belongs to no server's process tree, and in a process group of its own,
-    so stopping the server does not stop it. It stays in the server's session: Linux's autogroup scheduler
-    shares the CPU fairly between sessions whatever their nice values, and a builder in a
-    session of its own took half of a 2-core machine from the server's first answer (decode
-    1.1 tok/s instead of 37). Returns the shell's exit status (0: started)."""
+    so stopping the server does not stop it. It stays in the server's session: Linux's autogroup
+    scheduler shares the CPU fairly between sessions whatever their nice values, and a builder
+    in a session of its own took half of a 2-core machine from the server's first answer
+    (decode 1.1 tok/s instead of 37). Returns the shell's exit status (0: started)."""
     cmd = [sys.executable, "-m", "vllm_edge.serving.keepalive_server",
            json.dumps({**spec, "graph": "build", "lock_fd": lock_fd})]
     env = {k: v for k, v in env.items() if k != "VLLM_API_KEY"}  # it serves nothing

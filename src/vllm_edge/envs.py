@@ -123,6 +123,14 @@ _declare(
     "step (tests/runtime/test_parallel_engine.py runs PP=2 eager).",
 )
 _declare(
+    "VLLM_EDGE_PATCH_KERNEL_REBIND_SCAN", "bool", True,
+    "Let vLLM's Triton-kernel override scan skip module attributes whose vars() is not a "
+    "mapping (patches/kernel_rebind_scan.py).",
+    "Without it no engine starts in a process that imported numba, e.g. the next engine after "
+    "one with n-gram speculation (tests/test_patches_rebind.py reproduces it; "
+    "tests/runtime/test_speculative_engine.py starts three engines in one process).",
+)
+_declare(
     "VLLM_EDGE_PATCH_SLOT_MAPPING_BIND", "bool", True,
     "Bind the per-step slot-mapping launch's positional arguments by name without "
     "inspect.Signature.bind (patches/slot_mapping_bind.py).",

@@ -59,7 +59,9 @@ def register() -> None:
         for reg in [*quant.register(), *kernels.register(), *attention.register(), *models.register()]:
             if reg not in _registrations:
                 _registrations.append(reg)
-        from vllm_edge.runtime import gc_freeze
+        from vllm_edge.runtime import gc_freeze, speculative_gate
+
+        speculative_gate.apply()
 
         global _gc_freeze
         _gc_freeze = gc_freeze.apply()  # last: everything the plugin imported is frozen too
@@ -89,7 +91,7 @@ def process_report() -> dict:
 
     from vllm_edge import patches
     from vllm_edge.patches import aot_cache, greedy_sampler, slot_mapping_bind
-    from vllm_edge.runtime import memory
+    from vllm_edge.runtime import memory, speculative_gate
 
     report = {
         "pid": os.getpid(),
@@ -108,6 +110,7 @@ def process_report() -> dict:
         "ir_priority": _ir_priority(),
         "isa_probe": _isa_probe,
         "gc_freeze": _gc_freeze,
+        "speculative_gate": speculative_gate.report(),
     }
     try:  # proves "compiled nothing" vs "loaded the cached artifact"
         from dataclasses import asdict

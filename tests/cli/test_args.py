@@ -133,12 +133,13 @@ def test_every_spec_arm_parses(capsys):
 
 
 @pytest.mark.parametrize("cmd", [["run"], ["serve"]])
-def test_speculative_is_off_by_default_and_takes_ngram(cmd, capsys):
+def test_speculative_is_off_by_default_and_takes_ngram_and_auto(cmd, capsys):
     from vllm_edge.runtime.speculative import METHODS
 
     assert parse(*cmd).speculative == "off"
     assert parse(*cmd, "--speculative", "ngram").speculative == "ngram"
-    assert METHODS == ("off", "ngram")
+    assert parse(*cmd, "--speculative", "auto").speculative == "auto"
+    assert METHODS == ("off", "ngram", "auto")
     with pytest.raises(SystemExit):
         parse(*cmd, "--speculative", "eagle")
     capsys.readouterr()

@@ -46,3 +46,22 @@ def test_vllm_still_refuses_min_p_with_speculation():
     with pytest.raises(VLLMValidationError, match="min_p and logit_bias"):
         SamplingParams(min_p=0.05)._validate_spec_decode(spec)
     SamplingParams(min_p=0.0)._validate_spec_decode(spec)
+
+
+def test_auto_is_ngram_with_a_batch_schedule_vllm_expands_to_batch_one_only(default_model_dir):
+    from vllm.config import SpeculativeConfig
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    from vllm_edge.runtime import speculative_gate
+
+    auto = engine.edge_engine(default_model_dir, speculative="auto")
+    cfg = auto.kwargs["speculative_config"]
+    assert {k: v for k, v in cfg.items() if k != "num_speculative_tokens_per_batch_size"} == speculative.NGRAM
+    assert auto.reasons["speculative_config"].startswith("auto:")
+    # vLLM's own expansion, index = batch size: proposals of 4 tokens alone, none with company
+    lookup = build_dynamic_sd_schedule_lookup(cfg["num_speculative_tokens_per_batch_size"], 8, 4)
+    assert lookup == [0, 4, 0, 0, 0, 0, 0, 0, 0]
+    vllm_cfg = SpeculativeConfig(**cfg)
+    assert vllm_cfg.uses_dynamic_speculative_decoding() and speculative_gate.wants_gate(vllm_cfg)
+    assert not speculative_gate.wants_gate(SpeculativeConfig(**speculative.NGRAM))
+    assert not speculative_gate.wants_gate(None)

@@ -54,9 +54,53 @@ def arms(default_int4_dir, run_llm):
 
 def _both(out, default_int4_dir, run_llm):
     for method in speculative.METHODS:
-        edge = edge_engine(default_int4_dir, max_model_len=512, max_num_seqs=1, enforce_eager=True,
-                           max_num_batched_tokens=128, speculative=method)
-        out[method] = (edge.kwargs, *run_llm(_answer_and_measure, **edge.kwargs, disable_log_stats=False))
+        # auto's batch schedule needs room for two requests; both prompts prefill in one step
+        # (and asks it three times: no prefix cache, so each answer's prefill is the first one's)
+        seqs, batched = (2, 512) if method == "auto" else (1, 128)
+        edge = edge_engine(default_int4_dir, max_model_len=512, max_num_seqs=seqs, enforce_eager=True,
+                           max_num_batched_tokens=batched, speculative=method,
+                           enable_prefix_caching=method != "auto")
+        if method == "auto":
+            out[method] = (edge.kwargs, run_llm(_auto_arm, **edge.kwargs, disable_log_stats=False))
+        else:
+            out[method] = (edge.kwargs, *run_llm(_answer_and_measure, **edge.kwargs, disable_log_stats=False))
+
+
+def _gate():
+    from vllm_edge.runtime import speculative_gate
+
+    return dict(speculative_gate.report())
+
+
+def _delta(after, before):
+    return {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}
+
+
+def _auto_arm(llm):
+    """auto's three cases on one engine: alone (proposals checked), two at once (none, by vLLM's
+    batch schedule), and alone with the gate's bar out of reach (every proposal held back)."""
+    from vllm import SamplingParams
+
+    from vllm_edge.runtime import speculative_gate
+
+    g0 = _gate()
+    tokens, alone = _answer(llm)
+    g1 = _gate()
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    before = spec_decode_counts(llm.get_metrics())
+    pair = llm.chat([[{"role": "user", "content": PROMPT}]] * 2, params, use_tqdm=False)
+    two = _delta(spec_decode_counts(llm.get_metrics()), before)
+    g2 = _gate()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(speculative_gate, "THRESHOLD", speculative.NGRAM["num_speculative_tokens"] + 1)
+        before = spec_decode_counts(llm.get_metrics())
+        held_tokens, _ = _answer(llm)
+        held = _delta(spec_decode_counts(llm.get_metrics()), before)
+    g3 = _gate()
+    return {"tokens": tokens, "alone": alone, "gate_alone": _delta(g1, g0),
+            "pair_tokens": [list(o.outputs[0].token_ids) for o in pair], "two": two,
+            "gate_two": _delta(g2, g1), "held_tokens": held_tokens, "held": held,
+            "gate_held": _delta(g3, g2), "state": g3["state"]}
 
 
 def test_ngram_reaches_vllm_and_keeps_the_greedy_tokens(arms):
@@ -67,6 +111,31 @@ def test_ngram_reaches_vllm_and_keeps_the_greedy_tokens(arms):
     assert off_counts is None  # no speculation, no counters
     assert len(off_tokens) >= MAX_TOKENS // 2  # the paragraph, not an early stop
     assert on_tokens == off_tokens
+
+
+def test_auto_speculates_alone_keeps_the_tokens_and_stops_for_two(arms):
+    kwargs, auto = arms["auto"][0], arms["auto"][1]
+    off_tokens = arms["off"][1]
+    assert kwargs["speculative_config"] == speculative.engine_config("auto")
+    assert auto["state"] == "applied"
+    assert auto["tokens"] == off_tokens
+    # alone: the copy's proposals pass the gate and vLLM checks them; the gate passes one more
+    # than vLLM counts per request (the proposal made at the answer's last step is never checked)
+    alone, gate = auto["alone"], auto["gate_alone"]
+    assert alone["drafts"] > 0 and alone["accepted_tokens"] >= len(off_tokens) // 4, alone
+    assert gate["withheld"] == 0 and alone["drafts"] <= gate["submitted"] <= alone["drafts"] + 1, gate
+    # two at once: vLLM's batch schedule asks for no proposal, so nothing is checked
+    assert auto["two"]["drafts"] == 0 and auto["two"]["draft_tokens"] == 0, auto["two"]
+    assert auto["pair_tokens"] == [off_tokens, off_tokens]
+
+
+def test_proposals_the_gate_holds_back_are_not_checked(arms):
+    """With the bar above any proposal's length, every proposal is held back: vLLM checks none,
+    and the answer is the plain one."""
+    auto = arms["auto"][1]
+    assert auto["gate_held"]["withheld"] > 0 and auto["gate_held"]["submitted"] == 0, auto["gate_held"]
+    assert auto["held"]["drafts"] == 0, auto["held"]
+    assert auto["held_tokens"] == arms["off"][1]
 
 
 def test_proposals_were_checked_and_kept(arms):

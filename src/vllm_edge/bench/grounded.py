@@ -1,7 +1,8 @@
 """`vllm-edge bench grounded`: decode speed on answers that copy from their input, with and
 without speculative decoding.
 
-One engine per call (one arm of a grid: ``--speculative off`` or ``ngram``). Each prompt of
+One engine per call (one arm of a grid: a ``--speculative`` method, or llama.cpp on the model's
+GGUF, plain or with llama-cpp-python's prompt lookup). Each prompt of
 :data:`PROMPTS` is a chat turn whose answer takes much of its text from the prompt (a summary,
 fields extracted as JSON, a rewrite, a fixed function, a quotation, a tool call whose arguments
 are in the prompt), or, for the ``chat`` category, takes nothing from it: where speculation
@@ -31,6 +32,8 @@ from typing import Any, Callable
 
 
 BATCH = 4
+# llama.cpp on the model's GGUF, plain and with llama-cpp-python's prompt lookup
+LLAMACPP_ARMS = ("llamacpp", "llamacpp-lookup")
 MAX_TOKENS = 192
 REPS = 1  # timed repetitions in one engine; the grid's passes give the spread
 
@@ -111,40 +114,37 @@ def decode_tps(tokens: list[int], t_n: list[float], t_1: list[float]) -> list[fl
     return out
 
 
-def measure(llm: Any, tokenizer: Any, *, reps: int = REPS, max_tokens: int = MAX_TOKENS,
-            prompts: tuple[tuple[str, str], ...] = PROMPTS,
-            log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    """Time every prompt (see the module's docstring) on a started vLLM ``LLM``. ``prompts``:
-    (category, user message) pairs, :data:`PROMPTS` unless a test passes fewer."""
-    from vllm import SamplingParams
-
-    from vllm_edge.serving.run import spec_decode_counts
-
+def chat_ids(tokenizer: Any, prompts: tuple[tuple[str, str], ...] = PROMPTS) -> list[list[int]]:
+    """Each prompt as one user turn in the model's chat template, as token ids: every engine
+    reads the same sequence."""
     # the template's text, then its ids: apply_chat_template(tokenize=True) returns a mapping in
     # some transformers versions; the template writes its own special tokens
-    ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                          add_generation_prompt=True, tokenize=False),
-                            add_special_tokens=False) for _, text in prompts]
-    one = SamplingParams(temperature=0.0, max_tokens=1)
-    full = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    return [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                           add_generation_prompt=True, tokenize=False),
+                             add_special_tokens=False) for _, text in prompts]
 
-    def timed(p: list[int], sp) -> tuple[float, list[int]]:
+
+def _timed_answers(answer: Callable[[list[int], int], list[int]], ids: list[list[int]],
+                   prompts: tuple[tuple[str, str], ...], reps: int, max_tokens: int,
+                   log: Callable[[str], None]) -> dict[str, Any]:
+    """Each prompt answered in full and to one token, ``reps`` times (see the module's
+    docstring): the rates per category and over the grounded ones, and each answer's digest."""
+    def timed(p: list[int], n: int) -> tuple[float, list[int]]:
         t0 = time.perf_counter()
-        out = llm.generate([{"prompt_token_ids": p}], sp, use_tqdm=False)[0]
-        return time.perf_counter() - t0, list(out.outputs[0].token_ids)
+        toks = answer(p, n)
+        return time.perf_counter() - t0, toks
 
     # one untimed answer first: the engine's first steps pay one-time costs (lazy kernels,
     # allocator growth) that would land on whichever prompt came first
-    timed(ids[0], full)
-    before = spec_decode_counts(llm.get_metrics()) or {}
+    timed(ids[0], max_tokens)
     answers: list[list[int]] = [[] for _ in prompts]
     t_n: list[list[float]] = []
     t_1: list[list[float]] = []
     for r in range(reps):
         long_r, short_r = [], []
         for i, p in enumerate(ids):
-            s, _ = timed(p, one)
-            t, toks = timed(p, full)
+            s, _ = timed(p, 1)
+            t, toks = timed(p, max_tokens)
             if r == 0:
                 answers[i] = toks
             elif toks != answers[i]:
@@ -154,44 +154,129 @@ def measure(llm: Any, tokenizer: Any, *, reps: int = REPS, max_tokens: int = MAX
         t_n.append(long_r)
         t_1.append(short_r)
         log(f"rep {r + 1}/{reps} done")
-    after = spec_decode_counts(llm.get_metrics()) or {}
-    counts = {k: after.get(k, 0) - before.get(k, 0) for k in after}
 
-    def rates(keep: Callable[[str], bool]) -> tuple[list[float], int]:
-        """Per rep, the decode rate over the prompts whose category ``keep`` takes; their tokens."""
+    def rates(keep: Callable[[str], bool]) -> list[float]:
+        """Per rep, the decode rate over the prompts whose category ``keep`` takes."""
         idx = [i for i, (c, _) in enumerate(prompts) if keep(c)]
-        return (decode_tps([len(answers[i]) for i in idx], [[row[i] for i in idx] for row in t_n],
-                           [[row[i] for i in idx] for row in t_1]),
-                sum(len(answers[i]) for i in idx))
+        return decode_tps([len(answers[i]) for i in idx], [[row[i] for i in idx] for row in t_n],
+                          [[row[i] for i in idx] for row in t_1])
 
     per_cat: dict[str, dict[str, Any]] = {}
     for cat in sorted({c for c, _ in prompts}):
-        runs, tokens = rates(lambda c, cat=cat: c == cat)
-        per_cat[cat] = {"tps": _median(runs), "runs": runs, "tokens": tokens}
-    g_runs, _ = rates(lambda c: c != "chat")
-
-    # every prompt at once, on an engine of BATCH sequences
-    batch_runs = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        outs = llm.generate([{"prompt_token_ids": p} for p in ids], full, use_tqdm=False)
-        dt = time.perf_counter() - t0
-        batch_runs.append(sum(len(o.outputs[0].token_ids) for o in outs) / dt)
+        runs = rates(lambda c, cat=cat: c == cat)
+        per_cat[cat] = {"tps": _median(runs), "runs": runs,
+                        "tokens": sum(len(a) for (c, _), a in zip(prompts, answers) if c == cat)}
+    g_runs = rates(lambda c: c != "chat")
     return {
         "grounded_tps": _median(g_runs), "grounded_runs": g_runs,
         "chat_tps": per_cat["chat"]["tps"] if "chat" in per_cat else None,
-        "batch_tps": _median(batch_runs), "batch_runs": batch_runs,
         "categories": per_cat,
-        "spec_decode": counts or None,
         "answers": [{"category": c, "tokens": len(a), "digest": digest(a)}
                     for (c, _), a in zip(prompts, answers)],
     }
 
 
+def measure(llm: Any, tokenizer: Any, *, reps: int = REPS, max_tokens: int = MAX_TOKENS,
+            prompts: tuple[tuple[str, str], ...] = PROMPTS,
+            log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Time every prompt (see the module's docstring) on a started vLLM ``LLM``. ``prompts``:
+    (category, user message) pairs, :data:`PROMPTS` unless a test passes fewer."""
+    from vllm import SamplingParams
+
+    from vllm_edge.serving.run import spec_decode_counts
+
+    ids = chat_ids(tokenizer, prompts)
+    params = {n: SamplingParams(temperature=0.0, max_tokens=n) for n in (1, max_tokens)}
+
+    def answer(p: list[int], n: int) -> list[int]:
+        out = llm.generate([{"prompt_token_ids": p}], params[n], use_tqdm=False)[0]
+        return list(out.outputs[0].token_ids)
+
+    before = spec_decode_counts(llm.get_metrics()) or {}
+    timed = _timed_answers(answer, ids, prompts, reps, max_tokens, log)
+    after = spec_decode_counts(llm.get_metrics()) or {}
+    counts = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+
+    # every prompt at once, on an engine of BATCH sequences
+    batch_runs = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": p} for p in ids], params[max_tokens], use_tqdm=False)
+        dt = time.perf_counter() - t0
+        batch_runs.append(sum(len(o.outputs[0].token_ids) for o in outs) / dt)
+    return {**timed, "batch_tps": _median(batch_runs), "batch_runs": batch_runs,
+            "spec_decode": counts or None}
+
+
+def measure_llamacpp(gen: Any, tokenizer: Any, *, reps: int = REPS, max_tokens: int = MAX_TOKENS,
+                     prompts: tuple[tuple[str, str], ...] = PROMPTS,
+                     log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """The same timings on llama.cpp (a :class:`~vllm_edge.bench.engines.llamacpp_lookup.
+    LlamaCppGenerator`), fed the same token ids. No batch figure: llama-cpp-python's generation
+    loop decodes one sequence."""
+    timed = _timed_answers(gen.answer, chat_ids(tokenizer, prompts), prompts, reps, max_tokens, log)
+    return {**timed, "batch_tps": None, "batch_runs": [], "spec_decode": None}
+
+
+def model_gguf(model: str) -> Path:
+    """The GGUF file llama.cpp runs for ``model``: the file itself, or an embedded model's
+    shipped GGUF (the file its default build is repacked from)."""
+    from vllm_edge.common.errors import UsageError
+    from vllm_edge.models import store
+
+    if store.is_gguf(model):
+        return Path(model).expanduser().resolve()
+    try:
+        key = store.resolve_key(model)
+    except store.ModelNotAvailable:
+        raise UsageError(f"--model {model}: the llama.cpp arms need a GGUF file or an embedded "
+                         "model (one ships its GGUF)") from None
+    return store.source_gguf(key)
+
+
+def run_llamacpp(model: str = "default", arm: str = "llamacpp", *, reps: int = REPS,
+                 max_tokens: int = MAX_TOKENS,
+                 log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
+    """The llama.cpp arms on ``model``'s GGUF: ``llamacpp`` (plain) or ``llamacpp-lookup``."""
+    from transformers import AutoTokenizer
+
+    from vllm_edge.bench.engines.llamacpp_lookup import LlamaCppGenerator
+    from vllm_edge.common import provenance
+    from vllm_edge.common.procmem import TreeSampler
+    from vllm_edge.runtime import weight_path
+
+    gguf = model_gguf(model)
+    path, _ = weight_path.model_for_engine(model)  # its tokenizer and template, as vLLM reads them
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    with TreeSampler(interval=0.5) as mem:
+        t0 = time.perf_counter()
+        gen = LlamaCppGenerator(gguf, lookup=arm == "llamacpp-lookup")
+        load_s = time.perf_counter() - t0
+        prov = provenance.collect(model=gguf)  # llama.cpp loaded: its build is recorded
+        log(f"[grounded] llama.cpp ready in {load_s:.1f} s ({gguf.name}, {arm})")
+        try:
+            measured = measure_llamacpp(gen, tokenizer, reps=reps, max_tokens=max_tokens,
+                                        log=lambda s: log(f"[grounded] {s}"))
+        finally:
+            gen.close()
+    return {"benchmark": "grounded", "model": str(gguf), "speculative": arm,
+            "speculative_config": gen.settings(), "reps": reps, "max_tokens": max_tokens,
+            "batch": None, "enforce_eager": None, "load_s": round(load_s, 2),
+            "peak_rss_anon_mb": round(mem.peak_mb, 1), **measured, "provenance": prov}
+
+
 def run(model: str = "default", speculative: str = "off", *, reps: int = REPS,
         max_tokens: int = MAX_TOKENS, enforce_eager: bool = False, out: str | Path | None = None,
         log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
-    """Start one engine with ``speculative`` and measure it; the result (written to ``out``)."""
+    """Start one engine with ``speculative`` and measure it; the result (written to ``out``).
+    ``speculative`` may also name a llama.cpp arm (:data:`LLAMACPP_ARMS`)."""
+    if speculative in LLAMACPP_ARMS:
+        result = run_llamacpp(model, speculative, reps=reps, max_tokens=max_tokens, log=log)
+        if out:
+            from vllm_edge.common import atomic
+
+            atomic.write_json(out, result)
+        return result
     from vllm_edge.bench import WORKER_EXTENSION
     from vllm_edge.common import atomic, provenance
     from vllm_edge.common.procmem import TreeSampler
@@ -232,6 +317,8 @@ def metric_line(result: dict) -> dict:
             "batch_tps": result["batch_tps"], "load_s": result["load_s"],
             "peak_rss_anon_mb": result["peak_rss_anon_mb"],
             **{f"{c}_tps": v["tps"] for c, v in result["categories"].items()}}
+    if line["batch_tps"] is None:  # a llama.cpp arm: one sequence at a time
+        del line["batch_tps"]
     if spec.get("draft_tokens"):
         line["accepted_share"] = spec["accepted_tokens"] / spec["draft_tokens"]
     line["digests"] = [a["digest"] for a in result["answers"]]

@@ -74,7 +74,8 @@ def add_speculative(p: argparse.ArgumentParser) -> None:
                         "appeared earlier in the prompt or answer, and check them all in one step "
                         "(pays when the answer copies its input; no draft model). Greedy answers "
                         "keep the model's tokens up to rounding; requests with min_p or logit_bias "
-                        "are refused (default: %(default)s)")
+                        "are refused. auto: ngram only while the request runs alone and its recent "
+                        "proposals were kept (default: %(default)s)")
 
 
 def add_json_schema(p: argparse.ArgumentParser) -> None:

@@ -30,7 +30,8 @@ logger = logging.getLogger("vllm_edge.patches")
 # Patch modules, in application order.
 PATCH_MODULES: tuple[str, ...] = ("aot_cache", "kv_budget", "arena_release", "hermes_json_end",
                                   "amx_attention", "greedy_sampler", "slot_mapping_bind",
-                                  "pp_stage_buffer", "wna16_missing_op")
+                                  "pp_stage_buffer", "wna16_missing_op",
+                                  "kernel_rebind_scan")
 
 
 class State(str, enum.Enum):

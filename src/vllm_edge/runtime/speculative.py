@@ -18,6 +18,10 @@ decoding runs one, so on a near-tie of two logits the greedy choice can differ. 
 attention split off, the ``cpu_int4`` path gives bit-identical logprobs with and without
 speculation (docs/guide/run.md#speculative-decoding).
 
+``auto`` is n-gram lookup where the measurements say it pays: only while the request is the
+only one running, and only while its recent proposals were kept
+(:mod:`vllm_edge.runtime.speculative_gate`); otherwise the step is a plain one.
+
 Torch-free: the CLI imports it for ``--help``.
 """
 
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-METHODS = ("off", "ngram")
+METHODS = ("off", "ngram", "auto")
 # A proposal follows a match of at least PROMPT_LOOKUP_MIN tokens (the longest match up to
 # PROMPT_LOOKUP_MAX wins) and is at most NUM_SPECULATIVE_TOKENS long. Three tokens: in prose a
 # two-token match ("of the") recurs by chance and its proposal is rejected more often, each
@@ -33,6 +37,13 @@ METHODS = ("off", "ngram")
 # shorter repeats of code and summaries. Not yet tuned by a speed measurement.
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
          "prompt_lookup_min": 3}
+# ``auto``: the same proposals, checked only while the request runs alone (vLLM's batch-size
+# schedule: 4 tokens at batch 1, none from batch 2 on) and only for a request whose recent
+# proposals were kept (vllm_edge.runtime.speculative_gate). Batch 1 is where the grounded
+# benchmark measured the gain; at batch 4 it measured none (0.99x, inside the noise), and a
+# verification step then widens every request's step.
+AUTO = {**NGRAM, "num_speculative_tokens_per_batch_size": [[1, 1, NGRAM["num_speculative_tokens"]],
+                                                            [2, 2, 0]]}
 # Sampling values vLLM 0.32 refuses in a request once speculation is on
 # (SamplingParams._validate_spec_decode), with the value it accepts: min_p; logit_bias too,
 # which no server default sets.
@@ -43,12 +54,19 @@ def engine_config(method: str) -> dict[str, Any] | None:
     """vLLM's ``speculative_config`` for ``method`` (None: off). ValueError for an unknown one."""
     if method not in METHODS:
         raise ValueError(f"--speculative {method!r}: expected one of {', '.join(METHODS)}")
-    return dict(NGRAM) if method == "ngram" else None
+    if method == "off":
+        return None
+    return dict(NGRAM) if method == "ngram" else {**AUTO, "num_speculative_tokens_per_batch_size": [
+        list(r) for r in AUTO["num_speculative_tokens_per_batch_size"]]}
 
 
 def reason(method: str) -> str:
     if method == "off":
         return "off: one token per decode step"
+    if method == "auto":
+        return ("auto: n-gram prompt lookup while the request runs alone and its recent "
+                "proposals were kept (at least half a token each), one token per step otherwise; "
+                "requests with min_p or logit_bias are refused")
     return (f"n-gram prompt lookup: after a match of {NGRAM['prompt_lookup_min']} to "
             f"{NGRAM['prompt_lookup_max']} tokens earlier in the sequence, up to "
             f"{NGRAM['num_speculative_tokens']} proposed tokens are checked in one step; greedy "

@@ -349,8 +349,10 @@ def render_grounded(results_dir: Path, doc: Path) -> str:
         g = json.loads(path.read_text())
         metrics = g.get("metrics") or {}
         arms = [a["name"] for a in g.get("arms") or []]
-        base, others = arms[0], arms[1:]
-        head = ["metric", *arms, *[f"{a} / {base}" for a in others]]
+        base = arms[0]
+        # the grid's own pairs (b over a), or every arm over the first for a run without them
+        pairs = [(p["a"], p["b"]) for p in g.get("pairs") or []] or [(base, a) for a in arms[1:]]
+        head = ["metric", *arms, *[f"{b} / {a}" for a, b in pairs]]
         lines += [host_line(_host(g)) + f" Source: {_link(path, doc)}.", "",
                   "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for key, label in _GROUNDED_ROWS:
@@ -359,10 +361,10 @@ def render_grounded(results_dir: Path, doc: Path) -> str:
                 continue
             cells = [grid_cell(block.get(a)) for a in arms]
             ratios = []
-            for a in others:
-                x, y = (block.get(a) or {}).get("median"), (block.get(base) or {}).get("median")
-                pair = stats.pair_flags(block[a], block[base]) if x and y else []
-                ratios.append(f"{x / y:.2f}x" + (f" ({'; '.join(pair)})" if pair else "") if x and y else "–")
+            for a, b in pairs:
+                x, y = (block.get(b) or {}).get("median"), (block.get(a) or {}).get("median")
+                flags = stats.pair_flags(block[b], block[a]) if x and y else []
+                ratios.append(f"{x / y:.2f}x" + (f" ({'; '.join(flags)})" if flags else "") if x and y else "–")
             lines.append("| " + " | ".join([label, *cells, *ratios]) + " |")
         same = []
         for a, d in (g.get("same_answers") or {}).items():

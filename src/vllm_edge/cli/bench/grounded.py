@@ -20,9 +20,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     from vllm_edge.runtime.speculative import METHODS
 
     add_model(p, default="default", help="the model `run` would load (default: the embedded one)")
-    p.add_argument("--arm", choices=METHODS, default=None,
-                   help="measure one engine with this --speculative and print its JSON line "
-                        "(what the grid runs); default: the grid of every method")
+    p.add_argument("--arm", choices=(*METHODS, *grounded.LLAMACPP_ARMS), default=None,
+                   help="measure one engine with this --speculative (or llama.cpp on the model's "
+                        "GGUF, plain or with llama-cpp-python's prompt lookup) and print its JSON "
+                        "line (what the grid runs); default: the grid of every arm")
+    p.add_argument("--no-llamacpp", action="store_true",
+                   help="leave the llama.cpp arms out of the grid (they run when llama-cpp-python "
+                        "is installed)")
     p.add_argument("--passes", type=int, default=3, help="rotated passes per arm (default: %(default)s)")
     p.add_argument("--reps", type=int, default=grounded.REPS,
                    help="timed repetitions inside one engine (default: %(default)s)")
@@ -48,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     from vllm_edge.bench import compare
+    from vllm_edge.bench.engines import llamacpp as llamacpp_engine
     from vllm_edge.bench.grid import runner as grid
     from vllm_edge.common import atomic
     from vllm_edge.runtime.speculative import METHODS
@@ -68,6 +73,12 @@ def run(args: argparse.Namespace) -> int:
             "pairs": [["off", m] for m in METHODS if m != "off"],
             "timeout_s": 1800,
             "arms": [{"name": m, "cmd": [*arm_cmd, "--arm", m], "env": {}} for m in METHODS]}
+    if not args.no_llamacpp and llamacpp_engine.available():
+        grounded.model_gguf(args.model)  # a model without a GGUF is refused before any arm runs
+        spec["arms"] += [{"name": m, "cmd": [*arm_cmd, "--arm", m], "env": {}} for m in grounded.LLAMACPP_ARMS]
+        spec["pairs"] += [[m, "auto"] for m in grounded.LLAMACPP_ARMS]
+        spec["description"] += (" llama.cpp on the model's GGUF, plain and with llama-cpp-python's "
+                                "prompt lookup, is decoded through the same timings (no batch figure).")
     summary = grid.run_grid(spec, args.passes, out, allow_busy=args.allow_busy, warmup=True,
                             log=lambda m: print(f"[bench grounded] {m}", file=sys.stderr))
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line]

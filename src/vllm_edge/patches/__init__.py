@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import importlib
+import inspect
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -70,6 +71,15 @@ class Patch:
             "fixed_when": self.fixed_when,
             "env_switch": self.env_switch,
         }
+
+
+def source_of(current: Any) -> str | None:
+    """The source of a patch target, for a fixed-upstream check that reads it; None when it has
+    none to read (a builtin, or code without a file): such a check then says "not fixed"."""
+    try:
+        return inspect.getsource(current)
+    except (OSError, TypeError):
+        return None
 
 
 def resolve(target: str) -> tuple[Any, str, Any]:

@@ -16,11 +16,10 @@ fully loaded, so there is nothing to finalize. Artifacts that have the method
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 from typing import Any
 
-from vllm_edge.patches import Patch
+from vllm_edge.patches import Patch, source_of
 
 logger = logging.getLogger("vllm_edge.patches.aot_cache")
 
@@ -36,9 +35,8 @@ def _noop_finalize_loading(vllm_config: Any) -> None:
 
 def _is_fixed_upstream(owner: Any, attr: str, current: Any) -> bool:
     # The bug is the unguarded call; once upstream guards or removes it, we stand down.
-    try:
-        src = inspect.getsource(current)
-    except (OSError, TypeError):
+    src = source_of(current)
+    if src is None:
         return False
     return _BUGGY_CALL not in src
 

@@ -13,16 +13,14 @@ there, before the KV cache is allocated, keeps that garbage out of the start-up 
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import Any
 
-from vllm_edge.patches import Patch
+from vllm_edge.patches import Patch, source_of
 
 
 def _is_fixed_upstream(owner: Any, attr: str, current: Any) -> bool:
-    try:
-        src = inspect.getsource(current)
-    except (OSError, TypeError):
+    src = source_of(current)
+    if src is None:
         return False
     return "malloc_trim" in src or "ReleaseFreeMemory" in src
 

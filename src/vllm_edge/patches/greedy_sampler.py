@@ -19,7 +19,7 @@ import functools
 import inspect
 from typing import Any
 
-from vllm_edge.patches import Patch
+from vllm_edge.patches import Patch, source_of
 
 # Steps this process sampled on the fast path / handed to the original.
 fast_steps = 0
@@ -69,9 +69,8 @@ def _fast_path_allowed(md: Any, predict_bonus_token: bool, inert: dict[type, str
 
 
 def _is_fixed_upstream(owner: Any, attr: str, current: Any) -> bool:
-    try:
-        src = inspect.getsource(current)
-    except (OSError, TypeError):
+    src = source_of(current)
+    if src is None:
         return False
     return "logits.to(torch.float32)" not in src
 

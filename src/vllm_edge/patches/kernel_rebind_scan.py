@@ -21,11 +21,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_edge.patches import Patch
-
-# Rebinding calls made by the replacement in this process.
-scans = 0
-
+from vllm_edge.patches import Patch, source_of
 
 def _own_attributes(value: Any) -> Mapping | None:
     try:
@@ -36,9 +32,8 @@ def _own_attributes(value: Any) -> Mapping | None:
 
 
 def _is_fixed_upstream(owner: Any, attr: str, current: Any) -> bool:
-    try:
-        src = inspect.getsource(current)
-    except (OSError, TypeError):
+    src = source_of(current)
+    if src is None:
         return False
     return "vars(value).get" not in src
 
@@ -49,7 +44,6 @@ def _make_replacement(owner: Any, attr: str, original: Any) -> Any:
         raise LookupError(f"_rebind_kernels takes {params}, the replacement expects ('overrides',)")
 
     def _rebind_kernels(overrides: Any) -> None:
-        global scans
         pairs = list(overrides)
 
         def wrapper_of(value: Any) -> Any:
@@ -58,7 +52,6 @@ def _make_replacement(owner: Any, attr: str, original: Any) -> Any:
                     return wrapper
             return None
 
-        scans += 1
         for module in list(sys.modules.values()):
             namespace = getattr(module, "__dict__", None)
             if not isinstance(namespace, Mapping) or not namespace:

@@ -12,11 +12,10 @@ was given.
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 from typing import Any
 
-from vllm_edge.patches import Patch
+from vllm_edge.patches import Patch, source_of
 
 logger = logging.getLogger("vllm_edge.patches.kv_budget")
 
@@ -24,9 +23,8 @@ _OVERWRITE = "cache_config.kv_cache_memory_bytes = kv_cache_space"
 
 
 def _is_fixed_upstream(owner: Any, attr: str, current: Any) -> bool:
-    try:
-        src = inspect.getsource(current)
-    except (OSError, TypeError):
+    src = source_of(current)
+    if src is None:
         return False
     if _OVERWRITE not in src:
         return True

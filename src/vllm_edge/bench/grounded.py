@@ -270,15 +270,22 @@ def run(model: str = "default", speculative: str = "off", *, reps: int = REPS,
         log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     """Start one engine with ``speculative`` and measure it; the result (written to ``out``).
     ``speculative`` may also name a llama.cpp arm (:data:`LLAMACPP_ARMS`)."""
+    from vllm_edge.common import atomic
+
     if speculative in LLAMACPP_ARMS:
         result = run_llamacpp(model, speculative, reps=reps, max_tokens=max_tokens, log=log)
-        if out:
-            from vllm_edge.common import atomic
+    else:
+        result = _run_vllm(model, speculative, reps=reps, max_tokens=max_tokens,
+                           enforce_eager=enforce_eager, log=log)
+    if out:
+        atomic.write_json(out, result)
+    return result
 
-            atomic.write_json(out, result)
-        return result
+
+def _run_vllm(model: str, speculative: str, *, reps: int, max_tokens: int, enforce_eager: bool,
+              log: Callable[[str], None]) -> dict:
     from vllm_edge.bench import WORKER_EXTENSION
-    from vllm_edge.common import atomic, provenance
+    from vllm_edge.common import provenance
     from vllm_edge.common.procmem import TreeSampler
     from vllm_edge.runtime import weight_path
     from vllm_edge.runtime.engine import edge_engine
@@ -300,14 +307,11 @@ def run(model: str = "default", speculative: str = "off", *, reps: int = REPS,
         measured = measure(llm, llm.get_tokenizer(), reps=reps, max_tokens=max_tokens,
                            log=lambda s: log(f"[grounded] {s}"))
     del llm
-    result = {"benchmark": "grounded", "model": str(path), "speculative": speculative,
-              "speculative_config": edge.kwargs.get("speculative_config"),
-              "reps": reps, "max_tokens": max_tokens, "batch": BATCH,
-              "enforce_eager": enforce_eager, "load_s": round(load_s, 2),
-              "peak_rss_anon_mb": round(mem.peak_mb, 1), **measured, "provenance": prov}
-    if out:
-        atomic.write_json(out, result)
-    return result
+    return {"benchmark": "grounded", "model": str(path), "speculative": speculative,
+            "speculative_config": edge.kwargs.get("speculative_config"),
+            "reps": reps, "max_tokens": max_tokens, "batch": BATCH,
+            "enforce_eager": enforce_eager, "load_s": round(load_s, 2),
+            "peak_rss_anon_mb": round(mem.peak_mb, 1), **measured, "provenance": prov}
 
 
 def metric_line(result: dict) -> dict:

@@ -27,6 +27,7 @@ Torch-free: the CLI imports it for ``--help``.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 METHODS = ("off", "ngram", "auto")
@@ -56,8 +57,7 @@ def engine_config(method: str) -> dict[str, Any] | None:
         raise ValueError(f"--speculative {method!r}: expected one of {', '.join(METHODS)}")
     if method == "off":
         return None
-    return dict(NGRAM) if method == "ngram" else {**AUTO, "num_speculative_tokens_per_batch_size": [
-        list(r) for r in AUTO["num_speculative_tokens_per_batch_size"]]}
+    return copy.deepcopy(NGRAM if method == "ngram" else AUTO)  # vLLM may keep and alter it
 
 
 def reason(method: str) -> str:

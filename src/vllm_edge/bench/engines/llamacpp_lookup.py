@@ -22,6 +22,7 @@ LOOKUP_NGRAM = 2  # its default longest match
 class LlamaCppGenerator:
     def __init__(self, gguf: str | os.PathLike, *, lookup: bool, n_ctx: int = 1024,
                  threads: int | None = None):
+        import llama_cpp
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -32,6 +33,7 @@ class LlamaCppGenerator:
         self.lookup = lookup
         self.llm = Llama(model_path=str(self.path), n_ctx=n_ctx, n_threads=threads,
                          n_threads_batch=threads, draft_model=draft, verbose=False)
+        self.vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self.n_ctx = n_ctx
 
     def settings(self) -> dict:
@@ -46,13 +48,12 @@ class LlamaCppGenerator:
 
         if len(prompt) + max_tokens > self.n_ctx:
             raise ValueError(f"{len(prompt)} + {max_tokens} positions do not fit n_ctx={self.n_ctx}")
-        vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self.llm.reset()  # otherwise generate() keeps the shared prefix and skips its prefill
         out: list[int] = []
         for tok in self.llm.generate(list(prompt), temp=0.0, top_k=1, top_p=1.0, min_p=0.0,
                                      repeat_penalty=1.0, reset=True):
             out.append(int(tok))
-            if llama_cpp.llama_vocab_is_eog(vocab, int(tok)) or len(out) >= max_tokens:
+            if llama_cpp.llama_vocab_is_eog(self.vocab, int(tok)) or len(out) >= max_tokens:
                 break
         return out
 

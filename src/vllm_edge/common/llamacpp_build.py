@@ -24,11 +24,35 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# Written by scripts/install.sh beside the environment's interpreter (sys.prefix).
+# Written by scripts/install.sh beside the environment's interpreter (sys.prefix), and inside the
+# library directory of a build of its own (``install.sh --llamacpp-amx``).
 RECORD = "llama-cpp-build.json"
 CPU_LIBRARY = "libggml-cpu.so"
 # A symbol only ggml-cpu's AMX kernels define: present when the build compiled them in.
 AMX_SYMBOL = b"ggml_backend_amx"
+
+
+# install.sh --llamacpp-amx: llama.cpp with its AMX kernels, as libraries in the environment.
+AMX_BUILD = "llama-cpp-amx"
+
+
+def amx_build_dir(prefix: Path | None = None) -> Path | None:
+    """The AMX build's library directory, for ``LLAMA_CPP_LIB_PATH``; None when it was not built
+    or this CPU cannot run it (an environment carried to a CPU without AMX)."""
+    from vllm_edge.common import hw
+
+    lib = (Path(sys.prefix) if prefix is None else Path(prefix)) / AMX_BUILD
+    if not (lib / "libllama.so").is_file() or AMX_SYMBOL not in _read(lib / CPU_LIBRARY):
+        return None
+    isa = hw.probe_cpu().isa
+    return lib if isa.get("amx_tile") and isa.get("amx_int8") else None
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
 
 
 def parse_system_info(text: str) -> dict[str, dict[str, Any]]:
@@ -118,6 +142,8 @@ def describe(llama_cpp=None, prefix: Path | None = None) -> dict[str, Any]:
         "cpu_backends": cpu_libraries,
         "amx_kernels": (AMX_SYMBOL in cpu_library.read_bytes()) if cpu_library.is_file() else None,
     }
-    out.update(read_record(Path(sys.prefix) if prefix is None else prefix,
+    # a build of its own (install.sh --llamacpp-amx) keeps its record beside its libraries
+    own = lib_dir if (lib_dir / RECORD).is_file() else None
+    out.update(read_record(own or (Path(sys.prefix) if prefix is None else prefix),
                            cpu_library if cpu_library.is_file() else None))
     return out

@@ -159,6 +159,10 @@ def metric_line(result: dict) -> dict:
     line = speed.metric_line(result)
     line.update({"engine": "llama.cpp", "rss_file_mb": result["rss_file_mb"],
                  "use_mmap": result["config"]["use_mmap"]})
+    # which build ran, in the line a grid keeps: arms of one run may load different builds
+    build = (result.get("provenance") or {}).get("llama_cpp") or {}
+    if build:
+        line["llama_cpp_build"] = {k: build.get(k) for k in ("ggml_commit", "amx_kernels", "cmake_args")}
     if "out" in line:  # keep "out" last, as bench speed does
         line["out"] = line.pop("out")
     return line

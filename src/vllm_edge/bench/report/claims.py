@@ -278,6 +278,14 @@ CLAIMS: tuple[Claim, ...] = (
           per=(None, _arm("pp512_tps", "llamacpp-Q4_K_M"))),
     Claim("llama.cpp side by side", "batch-8 decode, vLLM cpu_int4 / Q4_K_M", _CMP,
           _arm("b8_tg_tps", "vllm-cpu_int4"), _X, per=(None, _arm("b8_tg_tps", "llamacpp-Q4_K_M"))),
+    # the same files under llama.cpp built with its AMX kernels (docs/guide/llama-cpp.md)
+    Claim("llama.cpp side by side", "tg128, vLLM cpu_int4 / Q4_K_M, llama.cpp with AMX", _CMP,
+          _arm("tg128_tps", "vllm-cpu_int4"), _X, per=(None, _arm("tg128_tps", "llamacpp-amx-Q4_K_M")),
+          target=(">=", 1.0)),
+    Claim("llama.cpp side by side", "tg128, vLLM cpu_int4 / Q4_0, llama.cpp with AMX", _CMP,
+          _arm("tg128_tps", "vllm-cpu_int4"), _X, per=(None, _arm("tg128_tps", "llamacpp-amx-Q4_0"))),
+    Claim("llama.cpp side by side", "pp512, vLLM cpu_int4 / Q4_0, llama.cpp with AMX", _CMP,
+          _arm("pp512_tps", "vllm-cpu_int4"), _X, per=(None, _arm("pp512_tps", "llamacpp-amx-Q4_0"))),
     Claim("llama.cpp side by side, synthetic 1B", "tg128, vLLM cpu_int4 g32 / Q4_K_M", _CMP_1B,
           _arm("tg128_tps", "vllm-cpu_int4"), _X, per=(None, _arm("tg128_tps", "llamacpp-Q4_K_M")),
           target=(">=", 1.2)),
@@ -403,8 +411,13 @@ def _arm_build(data: dict, key: Key) -> str | None:
         parts.append(f"{quant} g{group}" if group else quant)
     elif not any(q in name for q in (CPU_INT4, GPTQ, ".gguf")):
         parts.append("bf16")
-    # PYTHONPATH names a checkout on the measuring host; the claim's label says which code it is
-    parts += [f"{k}={v}" for k, v in sorted((arm.get("env") or {}).items()) if k != "PYTHONPATH"]
+    # PYTHONPATH names a checkout on the measuring host; the claim's label says which code it is.
+    # LLAMA_CPP_LIB_PATH names where that host keeps a llama.cpp build: its directory's name says
+    # which build (llama-cpp-amx), its path says nothing about the figure.
+    env = dict(arm.get("env") or {})
+    if env.get("LLAMA_CPP_LIB_PATH"):
+        env["LLAMA_CPP_LIB_PATH"] = Path(env["LLAMA_CPP_LIB_PATH"]).name
+    parts += [f"{k}={v}" for k, v in sorted(env.items()) if k != "PYTHONPATH"]
     return " ".join(parts)
 
 

@@ -300,6 +300,7 @@ def build_spec(paths: dict[str, Path], *, threads: int, cores: list[int] | None 
     common = ["--threads", str(threads), "--prompt-len", str(prompt_len), "--tg-tokens", str(tg_tokens),
               "--reps", str(reps), "--batch", str(batch)]
     arms = []
+    amx = llamacpp_build.amx_build_dir() if any(n.startswith(AMX_PREFIX) for n in paths) else None
     for name, path in paths.items():
         if name.startswith("vllm-"):
             cmd = [python, "-m", "vllm_edge.cli", "bench", "speed", "--model", str(path), *common]
@@ -311,7 +312,6 @@ def build_spec(paths: dict[str, Path], *, threads: int, cores: list[int] | None 
                 cmd.append("--no-mmap")
         arm = {"name": name, "cmd": cmd}
         if name.startswith(AMX_PREFIX):
-            amx = llamacpp_build.amx_build_dir()
             if amx is None:
                 from vllm_edge.common.errors import EdgeError
 

@@ -42,17 +42,15 @@ def amx_build_dir(prefix: Path | None = None) -> Path | None:
     from vllm_edge.common import hw
 
     lib = (Path(sys.prefix) if prefix is None else Path(prefix)) / AMX_BUILD
-    if not (lib / "libllama.so").is_file() or AMX_SYMBOL not in _read(lib / CPU_LIBRARY):
+    if not (lib / "libllama.so").is_file() or not amx_kernels(lib / CPU_LIBRARY):
         return None
     isa = hw.probe_cpu().isa
     return lib if isa.get("amx_tile") and isa.get("amx_int8") else None
 
 
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError:
-        return b""
+def amx_kernels(cpu_library: Path) -> bool | None:
+    """Whether a ggml CPU library has the AMX kernels compiled in; None when it is absent."""
+    return (AMX_SYMBOL in cpu_library.read_bytes()) if cpu_library.is_file() else None
 
 
 def parse_system_info(text: str) -> dict[str, dict[str, Any]]:
@@ -140,7 +138,7 @@ def describe(llama_cpp=None, prefix: Path | None = None) -> dict[str, Any]:
         "features": parse_system_info(info),
         # one library is a native build; several are GGML_CPU_ALL_VARIANTS, picked at load
         "cpu_backends": cpu_libraries,
-        "amx_kernels": (AMX_SYMBOL in cpu_library.read_bytes()) if cpu_library.is_file() else None,
+        "amx_kernels": amx_kernels(cpu_library),
     }
     # a build of its own (install.sh --llamacpp-amx) keeps its record beside its libraries
     own = lib_dir if (lib_dir / RECORD).is_file() else None

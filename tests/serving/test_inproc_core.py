@@ -63,6 +63,35 @@ def test_the_loop_runs_while_a_call_blocks():
         engine.stop()
 
 
+def test_a_call_whose_caller_is_cancelled_while_it_waits_still_runs():
+    # as an abort from the task of a request whose client hung up: anyio cancels that task
+    # again at every await, and the engine thread is busy with a step
+    engine = inproc_core.EngineThread()
+    step = threading.Event()
+    ran: list[str] = []
+
+    async def main() -> list[str]:
+        engine.submit(lambda: step.wait(10))  # the step in progress
+        outcomes = []
+        for run in (engine.run, engine.run_even_if_cancelled):
+            task = asyncio.create_task(run(lambda name=run.__name__: ran.append(name)))
+            await asyncio.sleep(0.05)
+            for _ in range(3):
+                task.cancel()
+                await asyncio.sleep(0.01)
+            outcomes.append(await asyncio.gather(task, return_exceptions=True))
+        step.set()
+        await asyncio.wrap_future(engine.submit(lambda: None))  # everything queued before it ran
+        return outcomes
+
+    try:
+        outcomes = asyncio.run(main())
+        assert all(isinstance(o[0], asyncio.CancelledError) for o in outcomes)
+        assert ran == ["run_even_if_cancelled"]  # a plain run's call is dropped with its wait
+    finally:
+        engine.stop()
+
+
 def test_a_busy_engine_thread_does_not_hold_the_process_at_exit():
     # as a SIGTERM during a long model load: the process ends, not after the load
     code = ("import time; from vllm_edge.serving import inproc_core; "

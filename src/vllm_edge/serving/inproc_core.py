@@ -75,6 +75,12 @@ class EngineThread:
         """From the event loop: awaits the call without blocking the loop."""
         return await asyncio.wrap_future(self.submit(fn))
 
+    async def run_even_if_cancelled(self, fn: Callable[[], Any]) -> Any:
+        """As :meth:`run`, for a call that must happen although its caller is being cancelled.
+        The call is queued before the first await, and a cancelled wait leaves it queued (a
+        cancelled :meth:`run` cancels its queued call)."""
+        return await asyncio.shield(asyncio.wrap_future(self.submit(fn)))
+
     def stop(self) -> None:
         self.stopped = True
         self._calls.put(None)
@@ -126,7 +132,12 @@ def client_class() -> type:
             self._has_work().set()
 
         async def abort_requests_async(self, request_ids: list[str]) -> None:
-            await self._engine.run(functools.partial(self.abort_requests, request_ids))
+            # AsyncLLM aborts from the task of a request whose client hung up, and Starlette's
+            # cancel scope cancels that task again at each of its awaits. A plain run() would
+            # have its queued abort cancelled while a step runs, and the engine would decode
+            # the request to its last token for nobody.
+            await self._engine.run_even_if_cancelled(
+                functools.partial(self.abort_requests, request_ids))
 
         def shutdown(self, timeout: float | None = None) -> None:
             engine = getattr(self, "_engine", None)

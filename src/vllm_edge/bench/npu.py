@@ -24,6 +24,7 @@ from vllm_edge.common import atomic, provenance
 from vllm_edge.common.errors import EdgeError
 
 TARGETS = {"top1": 0.95, "kl": 0.02}
+NO_SINK = "w8a16-no-sink"
 CHAT_PROMPTS = 4
 
 
@@ -75,11 +76,15 @@ def reference_logits(src: Path, token_lists: list[list[int]]) -> list[np.ndarray
 
 
 def score_export(out: Path, token_lists, refs, sessions: Callable[[Path], tuple]) -> dict[str, Any]:
-    """Top-1 and KL of the export in ``out`` against ``refs``, per prompt and pooled."""
+    """Top-1 and KL of the export in ``out`` against ``refs``, per prompt and pooled, over the
+    positions after the first: an export with an attention sink never runs position 0 (its
+    next token follows the fixed first token, so no app asks for it), and scoring every export
+    on the same positions keeps them comparable."""
     from vllm_edge.common import manifest
-    from vllm_edge.models.npu import runner
+    from vllm_edge.models.npu import runner, sink as sinks
 
     m = manifest.read(out)
+    sink = sinks.load(out, m)
     s = m["shapes"]
     shape = runner.CacheShape(s["n_layer"], s["n_kv_heads"], s["head_dim"], s["context"])
     prefill, decode = sessions(out)
@@ -87,7 +92,8 @@ def score_export(out: Path, token_lists, refs, sessions: Callable[[Path], tuple]
     t0 = time.time()
     for ids, ref in zip(token_lists, refs):
         got = runner.run(ids, shape, runner.ort_graph(prefill), s["prefill"], runner.ort_graph(decode),
-                         n_prefill=len(ids) // 2)
+                         n_prefill=len(ids) // 2, sink=sink)
+        got, ref = (got if sink is not None else got[1:]), ref[1:]
         per.append(compare(ref, got))
         got_all.append(got)
         ref_all.append(ref)
@@ -112,11 +118,13 @@ def htp_sessions(ctx_dir: Path):
 
 def run(model: str = "default", *, context: int = 128, prefill: int = 32, calibration_limit: int | None = None,
         htp_budget: float = 900.0, out: str | Path | None = "benchmarks/results/npu/export.json",
-        keep: str | Path | None = None) -> dict[str, Any]:
+        keep: str | Path | None = None, sink: str = "auto") -> dict[str, Any]:
     """Export, compile, score; writes the artifact to ``out``. ``keep`` keeps the w8a16 build
-    (with its compiled ``qnn/`` folder) at that path."""
+    (with its compiled ``qnn/`` folder) at that path. With a sink (``auto`` finds one), a
+    w8a16 export without it is scored beside the others: the sink's effect in one run."""
     from transformers import AutoTokenizer
 
+    from vllm_edge.common import manifest
     from vllm_edge.models.npu import qnn
     from vllm_edge.models.npu.export import export_npu, resolve_source
 
@@ -127,12 +135,17 @@ def run(model: str = "default", *, context: int = 128, prefill: int = 32, calibr
     work = Path(tempfile.mkdtemp(prefix="vllm-edge-npu-bench."))
     try:
         builds, times = {}, {}
-        for precision in ("w8a16", "w8a8", "float"):
+        arms = [(p, p, sink) for p in ("w8a16", "w8a8", "float")]
+        if sink != "off":
+            arms.append((NO_SINK, "w8a16", "off"))
+        for name, precision, arm_sink in arms:
             t0 = time.time()
-            builds[precision] = export_npu(model, work / precision, context=context, prefill=prefill,
-                                           precision=precision, calibration_limit=calibration_limit,
-                                           progress=False)
-            times[precision] = round(time.time() - t0, 1)
+            builds[name] = export_npu(model, work / name, context=context, prefill=prefill,
+                                      precision=precision, calibration_limit=calibration_limit,
+                                      sink=arm_sink, progress=False)
+            times[name] = round(time.time() - t0, 1)
+        if NO_SINK in builds and manifest.read(builds["w8a16"]).get("sink") is None:
+            builds.pop(NO_SINK)  # the model has no sink: that arm is the w8a16 export again
         w8 = builds["w8a16"]
         ctx_dir = w8 / "qnn"
         ctx_dir.mkdir()
@@ -155,8 +168,6 @@ def run(model: str = "default", *, context: int = 128, prefill: int = 32, calibr
         off = sum(c.get("nodes_off_htp", 0) for c in compiled.values())
         binary: Any = (f"qnn/{compiled['decode']['context_binaries'][0]}"
                        if compiled["decode"].get("compiled") else False)
-        from vllm_edge.common import manifest
-
         result = {
             "model": str(model), "context": context, "prefill": prefill,
             "reference": "transformers LlamaForCausalLM, float32 compute on the bf16 weights, CPU",
@@ -165,6 +176,9 @@ def run(model: str = "default", *, context: int = 128, prefill: int = 32, calibr
             "passes": not check(headline), "misses": check(headline), "ran_on": ran_on,
             "bounds": {p: {"top1": round(cpu[p]["top1"], 4), "kl": round(cpu[p]["kl"], 5)}
                        for p in ("w8a8", "float")},
+            "sink": manifest.read(w8).get("sink"),
+            "without_sink": ({"top1": round(cpu[NO_SINK]["top1"], 4), "kl": round(cpu[NO_SINK]["kl"], 5)}
+                             if NO_SINK in cpu else None),
             "ort_cpu": {p: {k: v for k, v in s.items()} for p, s in cpu.items()},
             "htp_emulation": htp,
             "nodes_on_htp_fraction": round(1 - off / nodes, 4) if nodes else None,
@@ -179,7 +193,8 @@ def run(model: str = "default", *, context: int = 128, prefill: int = 32, calibr
             "export_manifest": {k: v for k, v in manifest.read(w8).items() if k != "files"},
             "prompts": {"set": "bench.prompts fidelity_prompts (chat)", "count": len(token_lists),
                         "tokens": [len(t) for t in token_lists],
-                        "split": "first half of each prompt through the prefill graph, the rest decode"},
+                        "split": "first half of each prompt through the prefill graph, the rest decode",
+                        "scored": "every position after the first (the sink's, which a sink export never runs)"},
             "provenance": provenance.collect(model=src),
         }
         if keep:

@@ -10,6 +10,7 @@ import pytest
 
 from vllm_edge.common import manifest
 from vllm_edge.common.errors import EdgeError
+from vllm_edge.models.npu import sink
 from vllm_edge.models.npu.errors import NpuExportError
 
 onnx = pytest.importorskip("onnx")
@@ -40,6 +41,10 @@ def test_w8a16_graph_types_and_io(tiny_export):
     assert data["shapes"]["context"] == 16 and data["shapes"]["prefill"] == 4
     assert data["calibration"]["count"] == 2 and data["tools"]["onnxruntime"]
     assert (tiny_export / "tokenizer.json").is_file()
+    # the chat template starts every prompt with <|im_start|>: its position-0 cache entries ship
+    # beside the graphs, as the manifest says
+    assert data["sink"]["text"] == "<|im_start|>" and data["sink"]["position"] == 0
+    assert sink.load(tiny_export, data).kv.shape == (2 * 2, 1, 2, 1, 16)
     for name, chunk in (("prefill", 4), ("decode", 1)):
         weights, acts, m = _dq_types(tiny_export / f"{name}.onnx")
         assert weights == {"INT8"}          # per-channel symmetric 8-bit on every linear layer
@@ -54,9 +59,12 @@ def test_w8a16_graph_types_and_io(tiny_export):
 
 def test_per_tensor_weights_are_uint8(tiny_llama, tmp_path):
     out = export_npu(tiny_llama, tmp_path / "pt", context=16, prefill=4, weights="per-tensor",
-                     calibration_limit=1, progress=False)
+                     calibration_limit=1, sink="off", progress=False)
     weights, acts, _ = _dq_types(out / "decode.onnx")
     assert weights == {"UINT8"} and acts == {"UINT16"}
+    data = manifest.read(out)
+    assert data["sink"] is None and data["sink_off_reason"] == "--sink off"
+    assert not (out / sink.FILE).exists()
 
 
 def test_w8a8_activations_are_uint8(tiny_llama, tmp_path):
@@ -72,6 +80,7 @@ def test_w8a8_activations_are_uint8(tiny_llama, tmp_path):
     ({"context": 100000}, "positions"),
     ({"precision": "w4a16"}, "--precision"),
     ({"weights": "per-group"}, "--weights"),
+    ({"sink": "always"}, "--sink"),
 ])
 def test_refuses_shapes_by_name(tiny_llama, tmp_path, kwargs, words):
     with pytest.raises(NpuExportError, match=words):

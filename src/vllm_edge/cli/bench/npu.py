@@ -19,6 +19,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="calibrate on the first N shipped prompts (default all)")
     p.add_argument("--htp-budget", type=float, default=900.0, metavar="S",
                    help="score on the HTP emulation when all prompts fit in S seconds (default 900)")
+    p.add_argument("--sink", choices=("auto", "off"), default="auto",
+                   help="export with the attention sink when the model has one (auto, default; a "
+                        "w8a16 export without it is scored beside) or without (off)")
     p.add_argument("--keep", default=None, metavar="DIR", help="keep the w8a16 build and its qnn/ binaries")
     add_out(p, default="benchmarks/results/npu/export.json")
 
@@ -28,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
     r = npu.run(args.model, context=args.context, prefill=args.prefill,
                 calibration_limit=args.calibration_prompts, htp_budget=args.htp_budget, out=args.out,
-                keep=args.keep)
-    print(json.dumps({k: r[k] for k in ("top1", "kl", "bounds", "ran_on", "nodes_on_htp_fraction",
+                keep=args.keep, sink=args.sink)
+    print(json.dumps({k: r[k] for k in ("top1", "kl", "bounds", "without_sink", "ran_on", "nodes_on_htp_fraction",
                                          "context_binary", "passes")}, indent=2))
     return 0

@@ -25,6 +25,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="w8a16 (the QNN HTP form, default), w8a8, or float (float32, the fidelity bound)")
     p.add_argument("--weights", choices=WEIGHT_SCHEMES, default="per-channel",
                    help="8-bit weight scales: per output channel (default) or one per matrix")
+    p.add_argument("--sink", choices=("auto", "off"), default="auto",
+                   help="auto (default): when every sequence starts with the same token (BOS or the chat "
+                        "template's first), ship its position-0 keys and values as sink_kv.npy and keep "
+                        "position 0 out of the graphs; off: the graphs run position 0 too")
     p.add_argument("--force", action="store_true", help="replace OUT even if vllm-edge did not write it")
 
 
@@ -32,5 +36,6 @@ def run(args: argparse.Namespace) -> int:
     from vllm_edge.models.npu.export import export_npu
 
     print(export_npu(args.src, args.out, context=args.context, prefill=args.prefill,
-                     precision=args.precision, weights=args.weights, force=args.force))
+                     precision=args.precision, weights=args.weights, sink=args.sink,
+                     force=args.force))
     return 0

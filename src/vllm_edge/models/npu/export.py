@@ -2,8 +2,10 @@
 
 OUT holds ``prefill.onnx`` (a chunk of ``prefill`` tokens) and ``decode.onnx`` (one token),
 both with the KV cache as inputs and outputs at one fixed ``context`` (see
-:mod:`vllm_edge.models.npu.llama` for the interface), the tokenizer files, and a manifest
-with the shapes, the calibration, the bits and the tool versions.
+:mod:`vllm_edge.models.npu.llama` for the interface), the attention sink's cache entries
+(``sink_kv.npy``, :mod:`vllm_edge.models.npu.sink`) when the model starts every sequence with
+the same token, the tokenizer files, and a manifest with the shapes, the sink, the
+calibration, the bits and the tool versions.
 
 The graphs are exported from a functional torch forward with the legacy exporter
 (``dynamo=False``) in float32, then quantized by onnxruntime's quantizer with its QNN
@@ -31,7 +33,9 @@ import numpy as np
 
 from vllm_edge.common import atomic
 from vllm_edge.common import manifest as manifest_file
+from vllm_edge.models.npu import sink as sinks
 from vllm_edge.models.npu.errors import NpuExportError
+from vllm_edge.models.npu.sink import Sink
 
 logger = logging.getLogger("vllm_edge.models")
 
@@ -157,10 +161,11 @@ class _Feeds:
         pass
 
 
-def calibration_feeds(model, tokenizer, prompts: list[str], prefill: int) -> dict[str, list[dict]]:
+def calibration_feeds(model, tokenizer, prompts: list[str], prefill: int,
+                      sink: Sink | None = None) -> dict[str, list[dict]]:
     """The inputs each graph sees when the prompts run through the torch model the way the
-    app runs them: every prefill chunk, and ``DECODE_STEPS`` decode steps after each prompt's
-    first part."""
+    app runs them (after the sink, when there is one): every prefill chunk, and
+    ``DECODE_STEPS`` decode steps after each prompt's first part."""
     from vllm_edge.models.npu import runner
 
     s, c = model.shape, model.context
@@ -175,8 +180,8 @@ def calibration_feeds(model, tokenizer, prompts: list[str], prefill: int) -> dic
         ids = encode_chat(tokenizer, text, c - 1)
         n_pre = max(1, len(ids) - DECODE_STEPS)
         # prefill: the whole prompt in chunks; decode: the last steps one token at a time
-        runner.run(ids, shape, _recording(graph, keep("prefill")), prefill)
-        runner.run(ids, shape, graph, prefill, _recording(graph, keep("decode")), n_prefill=n_pre)
+        runner.run(ids, shape, _recording(graph, keep("prefill")), prefill, sink=sink)
+        runner.run(ids, shape, graph, prefill, _recording(graph, keep("decode")), n_prefill=n_pre, sink=sink)
     return feeds
 
 
@@ -245,7 +250,7 @@ def resolve_source(src: str | os.PathLike) -> Path:
 
 def export_npu(src: str | os.PathLike, out: str | os.PathLike, *, context: Any = DEFAULT_CONTEXT,
                prefill: Any = DEFAULT_PREFILL, precision: str = "w8a16", weights: str = "per-channel",
-               force: bool = False,
+               sink: str = "auto", force: bool = False,
                calibration: Path = CALIBRATION, calibration_limit: int | None = None,
                progress: bool = True) -> Path:
     """Write the NPU build of ``src`` to ``out`` (see the module docstring); returns ``out``."""
@@ -253,6 +258,8 @@ def export_npu(src: str | os.PathLike, out: str | os.PathLike, *, context: Any =
         raise NpuExportError(f"--precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
     if weights not in WEIGHT_SCHEMES:
         raise NpuExportError(f"--weights {weights!r}: choose one of {', '.join(WEIGHT_SCHEMES)}")
+    if sink not in sinks.MODES:
+        raise NpuExportError(f"--sink {sink!r}: choose one of {', '.join(sinks.MODES)}")
     from vllm_edge.models.npu.llama import read_shape
 
     src_path = resolve_source(src)
@@ -272,7 +279,9 @@ def export_npu(src: str | os.PathLike, out: str | os.PathLike, *, context: Any =
     cal_name, prompts = calibration_prompts(calibration)
     prompts = prompts[:calibration_limit] if calibration_limit else prompts
     chunks = {"prefill": prefill, "decode": 1}
-    feeds = calibration_feeds(model, tokenizer, prompts, prefill) if precision != "float" else {}
+    sink_token, sink_why = sinks.first_token(tokenizer) if sink == "auto" else (None, "--sink off")
+    the_sink = sinks.compute(model, sink_token) if sink_token is not None else None
+    feeds = calibration_feeds(model, tokenizer, prompts, prefill, the_sink) if precision != "float" else {}
     graphs: dict[str, Any] = {}
     with atomic.directory(out, kind=KIND, inputs=[src_path], force=force) as tmp, \
             tempfile.TemporaryDirectory(prefix=".npu-float.", dir=out.parent) as work:
@@ -290,6 +299,8 @@ def export_npu(src: str | os.PathLike, out: str | os.PathLike, *, context: Any =
         for f in TOKENIZER_FILES:
             if (src_path / f).is_file():
                 shutil.copyfile(src_path / f, tmp / f)
+        if the_sink is not None:
+            the_sink.save(tmp)
         ins, outs = io_names(shape.n_layer)
         manifest_file.write(tmp, {
             "converter": CONVERTER_VERSION, "source": str(src) if str(src) == "default" else str(src_path),
@@ -306,6 +317,13 @@ def export_npu(src: str | os.PathLike, out: str | os.PathLike, *, context: Any =
                                             "0..past-1 are cache slots, the last chunk columns the chunk",
                           "past": "float32 [1, n_kv_heads, context - chunk, head_dim], keys after RoPE",
                           "present": "float32 [1, n_kv_heads, chunk, head_dim]: the chunk's own K/V"},
+            "sink": ({"token": the_sink.token, "text": tokenizer.convert_ids_to_tokens(the_sink.token),
+                      "file": sinks.FILE, "position": 0, "source": sink_why,
+                      "shape": "[2 * n_layer, 1, n_kv_heads, 1, head_dim] float32: layer i's key at 2i "
+                               "(after RoPE), value at 2i+1; write into cache slot 0, then run the "
+                               "prompt from its second token at position 1"}
+                     if the_sink is not None else None),
+            "sink_off_reason": None if the_sink is not None else sink_why,
             "graphs": graphs,
             "calibration": {"prompts": cal_name, "count": len(prompts), "sha256": _sha(calibration),
                             "decode_steps_per_prompt": DECODE_STEPS} if precision != "float" else None,

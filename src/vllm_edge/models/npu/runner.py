@@ -15,6 +15,7 @@ import numpy as np
 
 from vllm_edge.models.npu.errors import NpuExportError
 from vllm_edge.models.npu.llama import MASK_VALUE
+from vllm_edge.models.npu.sink import Sink
 
 Graph = Callable[[dict[str, np.ndarray]], Sequence[np.ndarray]]
 
@@ -56,16 +57,30 @@ def empty_cache(shape: CacheShape) -> list[np.ndarray]:
 
 def run(tokens: Sequence[int], shape: CacheShape, prefill: Graph, prefill_chunk: int,
         decode: Graph | None = None, n_prefill: int | None = None,
-        record: Callable[[dict[str, np.ndarray]], None] | None = None) -> np.ndarray:
-    """Teacher-forced logits [len(tokens), vocab]: the first ``n_prefill`` tokens (default all)
-    through the prefill graph in chunks, the rest through the decode graph one at a time.
-    ``record`` sees every input dict (for calibration)."""
+        record: Callable[[dict[str, np.ndarray]], None] | None = None,
+        sink: Sink | None = None) -> np.ndarray:
+    """Teacher-forced logits: the first ``n_prefill`` tokens (default all) through the prefill
+    graph in chunks, the rest through the decode graph one at a time. ``record`` sees every
+    input dict (for calibration).
+
+    Without ``sink``: [len(tokens), vocab]. With it, ``tokens`` must start with the sink token,
+    whose cache entries fill slot 0 and which no graph runs: [len(tokens) - 1, vocab], the
+    logits after each later token."""
     n_prefill = len(tokens) if n_prefill is None else n_prefill
     if len(tokens) > shape.context - 1:
         raise NpuExportError(f"{len(tokens)} tokens do not fit a context of {shape.context}")
     cache = empty_cache(shape)
     out: list[np.ndarray] = []
     n = 0
+    if sink is not None:
+        if not tokens or tokens[0] != sink.token:
+            raise NpuExportError(f"this export's sequences start with its sink token {sink.token}; "
+                                 f"this one starts with {tokens[0] if tokens else 'nothing'}")
+        if len(tokens) < 2:
+            raise NpuExportError("nothing to run after the sink token")
+        for j, entry in enumerate(sink.kv):
+            cache[j][:, :, :1] = entry
+        n = 1
 
     def step(graph: Graph, chunk: int, part: Sequence[int]) -> None:
         nonlocal n
@@ -79,7 +94,9 @@ def run(tokens: Sequence[int], shape: CacheShape, prefill: Graph, prefill_chunk:
         n += len(part)
 
     while n < n_prefill:
-        step(prefill, prefill_chunk, tokens[n:min(n + prefill_chunk, n_prefill)])
+        # chunks end on multiples of the chunk length, so after the sink's slot the first one
+        # is a token short and the last one still fits the context
+        step(prefill, prefill_chunk, tokens[n:min((n // prefill_chunk + 1) * prefill_chunk, n_prefill)])
     while n < len(tokens):
         if decode is None:
             raise NpuExportError("tokens past the prefill need a decode graph")

@@ -125,7 +125,7 @@ def run(model: str = "default", *, context: int = 128, prefill: int = 32, calibr
     from transformers import AutoTokenizer
 
     from vllm_edge.common import manifest
-    from vllm_edge.models.npu import qnn
+    from vllm_edge.models.npu import qnn, sink as sinks
     from vllm_edge.models.npu.export import export_npu, resolve_source
 
     src = resolve_source(model)
@@ -136,7 +136,7 @@ def run(model: str = "default", *, context: int = 128, prefill: int = 32, calibr
     try:
         builds, times = {}, {}
         arms = [(p, p, sink) for p in ("w8a16", "w8a8", "float")]
-        if sink != "off":
+        if sink == "auto" and sinks.first_token(tok)[0] is not None:
             arms.append((NO_SINK, "w8a16", "off"))
         for name, precision, arm_sink in arms:
             t0 = time.time()
@@ -144,8 +144,6 @@ def run(model: str = "default", *, context: int = 128, prefill: int = 32, calibr
                                       precision=precision, calibration_limit=calibration_limit,
                                       sink=arm_sink, progress=False)
             times[name] = round(time.time() - t0, 1)
-        if NO_SINK in builds and manifest.read(builds["w8a16"]).get("sink") is None:
-            builds.pop(NO_SINK)  # the model has no sink: that arm is the w8a16 export again
         w8 = builds["w8a16"]
         ctx_dir = w8 / "qnn"
         ctx_dir.mkdir()

@@ -68,6 +68,13 @@ def test_position_zero_holds_the_residual_s_massive_activation(default_model_dir
             hidden = hf(torch.tensor([ids]), output_hidden_states=True).hidden_states
         peak = torch.stack(hidden[1:])[:, 0].abs().amax(-1).amax(0)  # per position, over layers
         assert peak[0] > 20 * peak[1:].max(), peak
+    # token 0 (<|endoftext|>) raises it later in a sequence too: why a chunk is padded with its
+    # last token instead
+    ids = _chat(tok, "What is the capital of France?")
+    with torch.no_grad():
+        hidden = hf(torch.tensor([ids + [0, ids[-1]]]), output_hidden_states=True).hidden_states
+    peak = torch.stack(hidden[1:])[:, 0].abs().amax(-1).amax(0)
+    assert peak[-2] > 10 * peak[1:-2].max() and peak[-1] < 2 * peak[1:-2].max(), peak[-4:]
 
 
 def test_a_sequence_without_the_sink_token_is_refused(default_npu):

@@ -46,8 +46,10 @@ WEIGHT_SCHEMES = ("per-channel", "per-tensor")
 DEFAULT_CONTEXT = 256
 DEFAULT_PREFILL = 32
 CALIBRATION = Path(__file__).resolve().parents[2] / "data" / "npu_calibration.json"
-# decode calibration steps per prompt (the prefill graph sees every prompt token)
-DECODE_STEPS = 6
+# the decode graph is calibrated on every position of each prompt's second half (the prefill
+# graph sees every token): the prompts' last few tokens are the chat template's closing ones,
+# the same in every prompt, and ranges taken from them alone clip ordinary tokens in decode
+DECODE_FROM = 0.5
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "special_tokens_map.json", "generation_config.json", "config.json")
 OPSET = 17
@@ -164,8 +166,8 @@ class _Feeds:
 def calibration_feeds(model, tokenizer, prompts: list[str], prefill: int,
                       sink: Sink | None = None) -> dict[str, list[dict]]:
     """The inputs each graph sees when the prompts run through the torch model the way the
-    app runs them (after the sink, when there is one): every prefill chunk, and
-    ``DECODE_STEPS`` decode steps after each prompt's first part."""
+    app runs them (after the sink, when there is one): every prefill chunk, and a decode step
+    at every position of each prompt's second half (``DECODE_FROM``)."""
     from vllm_edge.models.npu import runner
 
     s, c = model.shape, model.context
@@ -178,8 +180,8 @@ def calibration_feeds(model, tokenizer, prompts: list[str], prefill: int,
 
     for text in prompts:
         ids = encode_chat(tokenizer, text, c - 1)
-        n_pre = max(1, len(ids) - DECODE_STEPS)
-        # prefill: the whole prompt in chunks; decode: the last steps one token at a time
+        n_pre = max(1, int(len(ids) * DECODE_FROM))
+        # prefill: the whole prompt in chunks; decode: its second half one token at a time
         runner.run(ids, shape, _recording(graph, keep("prefill")), prefill, sink=sink)
         runner.run(ids, shape, graph, prefill, _recording(graph, keep("decode")), n_prefill=n_pre, sink=sink)
     return feeds
@@ -326,7 +328,9 @@ def export_npu(src: str | os.PathLike, out: str | os.PathLike, *, context: Any =
             "sink_off_reason": None if the_sink is not None else sink_why,
             "graphs": graphs,
             "calibration": {"prompts": cal_name, "count": len(prompts), "sha256": _sha(calibration),
-                            "decode_steps_per_prompt": DECODE_STEPS} if precision != "float" else None,
+                            "decode_positions": f"each prompt's positions from {DECODE_FROM:g} of its length on",
+                            "prefill_padding": "a short chunk repeats its last token"}
+            if precision != "float" else None,
             "tools": _versions(),
             "seconds": round(time.time() - started, 1),
         })

@@ -36,7 +36,10 @@ def inputs(cache: list[np.ndarray], n_past: int, tokens: Sequence[int], chunk: i
     past = c - chunk
     if len(tokens) > chunk or n_past + chunk > c or n_past > past:
         raise NpuExportError(f"{n_past} cached + a chunk of {chunk} does not fit a context of {c}")
-    ids = np.zeros((1, chunk), np.int32)
+    # a short chunk is padded with its last token: the padding's outputs are dropped, but its
+    # activations share each tensor's 16-bit scale, and token 0 (<|endoftext|> in SmolLM2)
+    # raises the residual's massive activation as a first token does
+    ids = np.full((1, chunk), tokens[-1] if len(tokens) else 0, np.int32)
     ids[0, :len(tokens)] = tokens
     pos = np.minimum(np.arange(n_past, n_past + chunk, dtype=np.int32), c - 1)[None]
     mask = np.full((1, 1, chunk, c), MASK_VALUE, np.float32)

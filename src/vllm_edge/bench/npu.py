@@ -116,10 +116,21 @@ def htp_sessions(ctx_dir: Path):
     return lambda _out: tuple(qnn.session(ctx_dir / f"{g}_ctx.onnx", strict=True) for g in ("prefill", "decode"))
 
 
+def default_out() -> Path:
+    """This host's artifact: ``benchmarks/results/npu/<host>.json`` (one file per host, so a
+    run never replaces another host's)."""
+    import os
+
+    from vllm_edge.bench.compare import host_slug, this_host
+
+    return Path("benchmarks/results/npu") / f"{host_slug(this_host(sorted(os.sched_getaffinity(0))))}.json"
+
+
 def run(model: str = "default", *, context: int = 128, prefill: int = 32, calibration_limit: int | None = None,
-        htp_budget: float = 900.0, out: str | Path | None = "benchmarks/results/npu/export.json",
+        htp_budget: float = 900.0, out: str | Path | None = None,
         keep: str | Path | None = None, sink: str = "auto") -> dict[str, Any]:
-    """Export, compile, score; writes the artifact to ``out``. ``keep`` keeps the w8a16 build
+    """Export, compile, score; writes the artifact to ``out`` (default :func:`default_out`).
+    ``keep`` keeps the w8a16 build
     (with its compiled ``qnn/`` folder) at that path. With a sink (``auto`` finds one), a
     w8a16 export without it is scored beside the others: the sink's effect in one run."""
     from transformers import AutoTokenizer
@@ -200,7 +211,7 @@ def run(model: str = "default", *, context: int = 128, prefill: int = 32, calibr
             with atomic.directory(dest, kind="npu-export") as tmp:
                 for p in w8.iterdir():
                     (shutil.copytree if p.is_dir() else shutil.copyfile)(p, tmp / p.name)
-        atomic.write_result(out, result)
+        atomic.write_result(out or default_out(), result)
         return result
     except EdgeError:
         raise

@@ -24,6 +24,8 @@ def test_default_model_exports_and_scores(tmp_path):
     src = resolve_source("default")
     tokens = npu.fidelity_token_lists(AutoTokenizer.from_pretrained(str(src)), 63)[:1]
     score = npu.score_export(out, tokens, npu.reference_logits(src, tokens), npu.cpu_sessions)
+    assert data["sink"]["text"] == "<|im_start|>"
     # four calibration prompts and one prompt: a floor against a broken export (RMSNorm spelled
-    # out gave top-1 0.06, KL 9), not the target (bench npu measures that); measured 0.92 / 0.10
-    assert score["top1"] >= 0.8 and score["kl"] < 0.25, score
+    # out gave top-1 0.06, KL 9; before the sink, the padding and the decode calibration it
+    # measured 0.92 / 0.10, after them 0.97 / 0.009), not the target (bench npu measures that)
+    assert score["top1"] >= 0.9 and score["kl"] < 0.05, score

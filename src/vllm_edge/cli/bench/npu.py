@@ -23,7 +23,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="export with the attention sink when the model has one (auto, default; a "
                         "w8a16 export without it is scored beside) or without (off)")
     p.add_argument("--keep", default=None, metavar="DIR", help="keep the w8a16 build and its qnn/ binaries")
-    add_out(p, default="benchmarks/results/npu/export.json")
+    add_out(p, help="write the result JSON with provenance here (default "
+                    "benchmarks/results/npu/<this host>.json)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -130,9 +130,9 @@ def run(model: str = "default", *, context: int = 128, prefill: int = 32, calibr
         htp_budget: float = 900.0, out: str | Path | None = None,
         keep: str | Path | None = None, sink: str = "auto") -> dict[str, Any]:
     """Export, compile, score; writes the artifact to ``out`` (default :func:`default_out`).
-    ``keep`` keeps the w8a16 build
-    (with its compiled ``qnn/`` folder) at that path. With a sink (``auto`` finds one), a
-    w8a16 export without it is scored beside the others: the sink's effect in one run."""
+    ``keep`` keeps the w8a16 build (with its compiled ``qnn/`` folder) at that path. With a
+    sink (``auto`` finds one), a w8a16 export without it is scored beside the others: the
+    sink's effect in one run."""
     from transformers import AutoTokenizer
 
     from vllm_edge.common import manifest
@@ -156,6 +156,7 @@ def run(model: str = "default", *, context: int = 128, prefill: int = 32, calibr
                                       sink=arm_sink, progress=False)
             times[name] = round(time.time() - t0, 1)
         w8 = builds["w8a16"]
+        w8_manifest = manifest.read(w8)
         ctx_dir = w8 / "qnn"
         ctx_dir.mkdir()
         compiled = {g: qnn.compile_graph(w8 / f"{g}.onnx", ctx_dir / f"{g}_ctx.onnx") for g in ("prefill", "decode")}
@@ -185,7 +186,7 @@ def run(model: str = "default", *, context: int = 128, prefill: int = 32, calibr
             "passes": not check(headline), "misses": check(headline), "ran_on": ran_on,
             "bounds": {p: {"top1": round(cpu[p]["top1"], 4), "kl": round(cpu[p]["kl"], 5)}
                        for p in ("w8a8", "float")},
-            "sink": manifest.read(w8).get("sink"),
+            "sink": w8_manifest.get("sink"),
             "without_sink": ({"top1": round(cpu[NO_SINK]["top1"], 4), "kl": round(cpu[NO_SINK]["kl"], 5)}
                              if NO_SINK in cpu else None),
             "ort_cpu": {p: {k: v for k, v in s.items()} for p, s in cpu.items()},
@@ -199,7 +200,7 @@ def run(model: str = "default", *, context: int = 128, prefill: int = 32, calibr
                             for p, b in builds.items()},
             "context_binary_bytes": sum(c.get("context_bytes", 0) for c in compiled.values()),
             "export_seconds": times,
-            "export_manifest": {k: v for k, v in manifest.read(w8).items() if k != "files"},
+            "export_manifest": {k: v for k, v in w8_manifest.items() if k != "files"},
             "prompts": {"set": "bench.prompts fidelity_prompts (chat)", "count": len(token_lists),
                         "tokens": [len(t) for t in token_lists],
                         "split": "first half of each prompt through the prefill graph, the rest decode",

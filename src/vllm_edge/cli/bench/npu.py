@@ -19,7 +19,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="calibrate on the first N shipped prompts (default all)")
     p.add_argument("--htp-budget", type=float, default=900.0, metavar="S",
                    help="score on the HTP emulation when all prompts fit in S seconds (default 900)")
-    p.add_argument("--sink", choices=("auto", "off"), default="auto",
+    from vllm_edge.models.npu.sink import MODES
+
+    p.add_argument("--sink", choices=MODES, default="auto",
                    help="export with the attention sink when the model has one (auto, default; a "
                         "w8a16 export without it is scored beside) or without (off)")
     p.add_argument("--keep", default=None, metavar="DIR", help="keep the w8a16 build and its qnn/ binaries")

@@ -14,6 +14,7 @@ DESCRIPTION = ("From 'default' or a bf16 Llama folder: prefill.onnx and decode.o
 
 def add_args(p: argparse.ArgumentParser) -> None:
     from vllm_edge.models.npu.export import DEFAULT_CONTEXT, DEFAULT_PREFILL, PRECISIONS, WEIGHT_SCHEMES
+    from vllm_edge.models.npu.sink import MODES
 
     p.add_argument("src", metavar="SRC", help="'default' or a bf16 safetensors Llama folder")
     p.add_argument("out", metavar="OUT", help="the folder to write")
@@ -25,7 +26,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="w8a16 (the QNN HTP form, default), w8a8, or float (float32, the fidelity bound)")
     p.add_argument("--weights", choices=WEIGHT_SCHEMES, default="per-channel",
                    help="8-bit weight scales: per output channel (default) or one per matrix")
-    p.add_argument("--sink", choices=("auto", "off"), default="auto",
+    p.add_argument("--sink", choices=MODES, default="auto",
                    help="auto (default): when every sequence starts with the same token (BOS or the chat "
                         "template's first), ship its position-0 keys and values as sink_kv.npy and keep "
                         "position 0 out of the graphs; off: the graphs run position 0 too")

@@ -35,7 +35,6 @@ from vllm_edge.common import atomic
 from vllm_edge.common import manifest as manifest_file
 from vllm_edge.models.npu import sink as sinks
 from vllm_edge.models.npu.errors import NpuExportError
-from vllm_edge.models.npu.sink import Sink
 
 logger = logging.getLogger("vllm_edge.models")
 
@@ -164,7 +163,7 @@ class _Feeds:
 
 
 def calibration_feeds(model, tokenizer, prompts: list[str], prefill: int,
-                      sink: Sink | None = None) -> dict[str, list[dict]]:
+                      sink: sinks.Sink | None = None) -> dict[str, list[dict]]:
     """The inputs each graph sees when the prompts run through the torch model the way the
     app runs them (after the sink, when there is one): every prefill chunk, and a decode step
     at every position of each prompt's second half (``DECODE_FROM``)."""

@@ -223,6 +223,8 @@ def test_the_server_key_goes_by_environment_and_the_socket_by_fd(tmp_path, monke
     assert calls["addr"] == ("127.0.0.1", spec["port"])
     assert spec["core_in_process"] is True  # one process: the engine core in the server's
     assert spec["max_num_batched_tokens"] == keepalive.BATCH_TOKENS
+    # run's one answer at a time, for every caller that does not say (bench server measures it)
+    assert spec["max_num_seqs"] == keepalive.NUM_PARALLEL == 1
     with pytest.raises(keepalive.KeepAliveError):
         keepalive.ensure("default", "auto", 60, ranks=(2, 1))
     assert "core_in_process" not in json.loads(calls["cmd"][-1])  # ranks: vLLM's layout

@@ -117,11 +117,32 @@ def host_slug(host: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", host.lower()).strip("-")
 
 
-def this_host(cores: list[int]) -> str:
-    """This machine as provenance will name it for a run on ``cores``."""
+def this_host(cores: list[int] | None = None) -> str:
+    """This machine as provenance will name it for a run on ``cores`` (default: the cores this
+    process may run on)."""
     from vllm_edge.common import provenance
 
+    cores = sorted(os.sched_getaffinity(0)) if cores is None else cores
     return provenance.host({**provenance.collect(), "core_set": list(cores)}) or "unknown host"
+
+
+def host_artifact(folder: str | Path, suffix: str = ".json") -> Path:
+    """This host's file in an artifact folder, ``<folder>/<host slug><suffix>``: one file per
+    host, so a run never replaces another host's."""
+    return Path(folder) / f"{host_slug(this_host())}{suffix}"
+
+
+def other_host(path: str | Path) -> str | None:
+    """The host an existing JSON artifact at ``path`` was measured on, when it is not this one
+    (None: no such file, no host recorded, or this host)."""
+    from vllm_edge.common import provenance
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    theirs = provenance.host(data.get("provenance")) if isinstance(data, dict) else None
+    return theirs if theirs and theirs != this_host() else None
 
 
 SPEED_SUMMARY = "speed/summary.json"  # where a compare run keeps the summary that names its host

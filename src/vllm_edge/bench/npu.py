@@ -119,11 +119,9 @@ def htp_sessions(ctx_dir: Path):
 def default_out() -> Path:
     """This host's artifact: ``benchmarks/results/npu/<host>.json`` (one file per host, so a
     run never replaces another host's)."""
-    import os
+    from vllm_edge.bench.compare import host_artifact
 
-    from vllm_edge.bench.compare import host_slug, this_host
-
-    return Path("benchmarks/results/npu") / f"{host_slug(this_host(sorted(os.sched_getaffinity(0))))}.json"
+    return host_artifact("benchmarks/results/npu")
 
 
 def run(model: str = "default", *, context: int = 128, prefill: int = 32, calibration_limit: int | None = None,

@@ -11,6 +11,8 @@ Arms:
   (serving/sampling.py) apply;
 - ``vllm-defaults-eager``: the same, on an eager server, as a first start serves while its
   compiled graph is built (serving/graph_cache.py): other kernels, other rounding;
+- ``vllm-defaults-bf16``: the same defaults on the model unquantized (`run --quant none`): what
+  the model itself answers at its own settings, the bound the quantized build is held to;
 - ``vllm-chat-before``: what the chat sent before (temperature 0.7, top_p 1.0);
 - ``llamacpp-python``: llama-cpp-python's ``create_chat_completion`` at its own defaults on a
   GGUF file (temperature 0.2, top_k 40, top_p 0.95, min_p 0.05);
@@ -168,6 +170,10 @@ def run(model: str = "default", *, gguf: str | None = None, samples: int = 3, fr
         elif arm == "vllm-defaults-eager":
             ask = vllm_arm(model, "auto", {}, max_tokens, system, eager=True)
             close = functools.partial(stop_server, model, "auto")  # the next arm gets `run`'s server
+        elif arm == "vllm-defaults-bf16":
+            ask = vllm_arm(model, "none", {}, max_tokens, system)
+            result["server_defaults_bf16"] = server_defaults(model, "none")
+            close = functools.partial(stop_server, model, "none")
         elif arm == "vllm-chat-before":
             ask = vllm_arm(model, "auto", OLD_CHAT, max_tokens, system)
         elif arm in ("llamacpp-python", "llamacpp-server"):

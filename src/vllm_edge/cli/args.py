@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-from typing import Iterator
+from typing import Callable, Iterator
 
 from vllm_edge.common.errors import EdgeError
 from vllm_edge.quant import formats
@@ -126,9 +126,10 @@ def weight_dtype(quant: str) -> str:
 
 
 def add_commands(parser: argparse.ArgumentParser, dest: str, modules: dict[str, str],
-                 only: str | None = None) -> None:
+                 only: str | None = None, before: Callable[[argparse.Namespace], None] | None = None) -> None:
     """One subparser per command module (NAME, HELP, add_args, run; DESCRIPTION optional).
-    With ``only``, just that command's module is imported."""
+    With ``only``, just that command's module is imported; ``before`` runs ahead of every
+    command's ``run`` (a group's check of its commands' arguments)."""
     sub = parser.add_subparsers(dest=dest, required=True)
     for name, module in modules.items():
         if only is not None and name != only:
@@ -137,7 +138,15 @@ def add_commands(parser: argparse.ArgumentParser, dest: str, modules: dict[str, 
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=getattr(mod, "DESCRIPTION", None))
         mod.add_args(p)
         if not getattr(mod, "GROUP", False):
-            p.set_defaults(func=mod.run)
+            p.set_defaults(func=mod.run if before is None else _after(before, mod.run))
+
+
+def _after(check: Callable[[argparse.Namespace], None],
+           run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def checked(args: argparse.Namespace) -> int:
+        check(args)
+        return run(args)
+    return checked
 
 
 @contextlib.contextmanager

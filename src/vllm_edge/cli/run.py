@@ -8,6 +8,7 @@ import sys
 
 from vllm_edge.cli.args import (add_model, add_output, add_parallel, add_speculative, add_weight_quant,
                                 reported, weight_dtype)
+from vllm_edge.serving import keepalive
 
 NAME = "run"
 HELP = "chat with a model (kept loaded in a background server), or answer one prompt"
@@ -36,7 +37,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "(300, 30s, 5m, 1h); 0: load the model in this process and exit after "
                         "answering (default: %(default)s)")
     p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--num-parallel", type=int, default=1, metavar="N",
+    p.add_argument("--num-parallel", type=int, default=keepalive.NUM_PARALLEL, metavar="N",
                    help="answers the keep-alive server decodes at once, as Ollama's "
                         "OLLAMA_NUM_PARALLEL; more wait their turn. Each costs the KV of a full "
                         "context (default: %(default)s; `serve` defaults to 4)")
@@ -74,8 +75,6 @@ def refuse_speech(model: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_edge.serving import keepalive
-
     refuse_speech(args.model)
 
     as_json = args.output == "json"
@@ -104,7 +103,7 @@ def client(args: argparse.Namespace, keep_s: float) -> int:
 
     from vllm_edge.common.errors import UsageError
     from vllm_edge.common.procmem import process_start_epoch, tree_rss_anon_mb
-    from vllm_edge.serving import chat, keepalive, startup_phases
+    from vllm_edge.serving import chat, startup_phases
     from vllm_edge.serving.run import DEFAULT_PROMPT, DEFAULT_SYSTEM
 
     started = process_start_epoch()
@@ -114,8 +113,6 @@ def client(args: argparse.Namespace, keep_s: float) -> int:
         prompt = sys.stdin.read().strip() or DEFAULT_PROMPT
     if args.num_parallel < 1:
         raise UsageError(f"--num-parallel {args.num_parallel}: must be at least 1")
-    # one answer at a time by default: a chat is one user's, and the KV of every further
-    # sequence is resident for the server's whole life (bench server: server_start.json)
     options = {"max_model_len": args.max_model_len, "priority": args.priority,
                "enforce_eager": args.enforce_eager, "speculative": args.speculative,
                "max_num_seqs": args.num_parallel}

@@ -49,6 +49,10 @@ SERVER_KEY_ENV = "VLLM_API_KEY"
 # start; 512 reached the first token 2.3 s sooner on a 2-core EPYC, at the same memory, and a
 # longer prompt prefills in chunks (bench server: benchmarks/results/server_start/).
 BATCH_TOKENS = 512
+# Answers a server decodes at once when its caller does not say (`run --num-parallel`, as
+# Ollama's OLLAMA_NUM_PARALLEL): a chat is one user's, and the KV of every further sequence is
+# resident for the server's whole life (bench server: benchmarks/results/server_start/).
+NUM_PARALLEL = 1
 
 
 class KeepAliveError(EdgeError):
@@ -250,6 +254,7 @@ def ensure(model: str, quant: str, keep_alive_s: float, options: dict[str, Any] 
             # eager until its compiled graph is cached, built beside it (serving/graph_cache.py)
             spec.setdefault("graph", "background")
         spec.setdefault("max_num_batched_tokens", BATCH_TOKENS)
+        spec.setdefault("max_num_seqs", NUM_PARALLEL)
         cmd = [sys.executable, "-m", "vllm_edge.serving.keepalive_server", json.dumps(spec)]
         # the key by environment (owner-only /proc/PID/environ), never on the command line
         env = {**os.environ, SERVER_KEY_ENV: token}

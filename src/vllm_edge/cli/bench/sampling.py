@@ -9,9 +9,10 @@ import sys
 from vllm_edge.cli.args import add_out
 
 NAME = "sampling"
-HELP = ("coherent answers at the default sampling: vLLM's served defaults (compiled, and eager as "
-        "a first start serves), the chat's old ones, llama.cpp's")
-ARMS = ("vllm-defaults", "vllm-defaults-eager", "vllm-chat-before", "llamacpp-python", "llamacpp-server")
+HELP = ("coherent answers at the default sampling: vLLM's served defaults (compiled, eager as a "
+        "first start serves, and on the unquantized model), the chat's old ones, llama.cpp's")
+ARMS = ("vllm-defaults", "vllm-defaults-eager", "vllm-defaults-bf16", "vllm-chat-before", "llamacpp-python",
+        "llamacpp-server")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -25,11 +26,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="the system message every arm sends ('' for none: each engine applies the "
                         "chat template's own default; default: run's)")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
-    add_out(p, default="benchmarks/results/sampling/defaults.json")
+    add_out(p, help="write the full result JSON with provenance here (default: benchmarks/results/sampling/"
+                    "<this host>.json)")
 
 
 def run(args: argparse.Namespace) -> int:
     from vllm_edge.bench import sampling_defaults
+    from vllm_edge.bench.compare import host_artifact
     from vllm_edge.common.errors import UsageError
 
     arms = tuple(a for a in args.arms.split(",") if a)
@@ -41,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--samples, --france and --max-tokens must be at least 1")
     system = sampling_defaults.SYSTEM if args.system is None else args.system or None
     result = sampling_defaults.run(args.model, gguf=args.gguf, samples=args.samples, france=args.france,
-                                   max_tokens=args.max_tokens, arms=arms, out=args.out, system=system,
+                                   max_tokens=args.max_tokens, arms=arms, system=system,
+                                   out=args.out or host_artifact("benchmarks/results/sampling"),
                                    say=lambda m: print(f"[bench sampling] {m}", file=sys.stderr))
     print(json.dumps({arm: {"coherent": f"{a['coherent']}/{a['asked']}",
                             "france": f"{a['france']['coherent']}/{a['france']['asked']}"}

@@ -25,7 +25,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "settings")
     p.add_argument("--passes", type=int, default=3, help="warm passes per arm (after one that may compile)")
     p.add_argument("--enforce-eager", action="store_true", help="start the servers without torch.compile")
-    add_out(p, default="benchmarks/results/server_start.json")
+    add_out(p, help="write the full result JSON with provenance here (default: benchmarks/results/server_start/"
+                    "<this host>.json)")
 
 
 def parse_arm(text: str) -> tuple[str, dict]:
@@ -53,12 +54,14 @@ def parse_arm(text: str) -> tuple[str, dict]:
 
 def run(args: argparse.Namespace) -> int:
     from vllm_edge.bench import server_start
+    from vllm_edge.bench.compare import host_artifact
     from vllm_edge.common.errors import UsageError
 
     if args.passes < 1:
         raise UsageError(f"--passes {args.passes}: must be at least 1")
     arms = dict(parse_arm(a) for a in (args.arm or ["shipped:"]))
+    out = args.out or host_artifact("benchmarks/results/server_start")
     result = server_start.run(args.model, arms=arms, passes=args.passes, enforce_eager=args.enforce_eager,
-                              out=args.out, say=lambda m: print(f"[bench server] {m}", file=sys.stderr))
+                              out=out, say=lambda m: print(f"[bench server] {m}", file=sys.stderr))
     print(json.dumps({name: a["median"] for name, a in result["arms"].items()}, indent=2))
     return 0

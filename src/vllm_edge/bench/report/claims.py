@@ -91,6 +91,9 @@ _SERVER_COLD = "server_start_cold.json"
 _SERVER_1P = "server_start/amd-epyc-avx2-2-cores.json"
 _SERVER_1P_COLD = "server_start/amd-epyc-avx2-2-cores-cold.json"
 _SERVER_COLD_BG = "server_start/amd-epyc-avx2-2-cores-cold-background-graph.json"
+# the Intel Xeon AMX host: run's shipped server, and the answers with the unquantized model beside
+_SERVER_INTEL = "server_start/intel-xeon-processor-amx-bf16-2-cores.json"
+_SAMPLING_INTEL = "sampling/intel-xeon-processor-amx-bf16-2-cores.json"
 
 CLAIMS: tuple[Claim, ...] = (
     # Start-up: the aot_cache patch (docs/design/patches.md)
@@ -185,6 +188,26 @@ CLAIMS: tuple[Claim, ...] = (
            ("arms", "llamacpp-python", "france", "coherent")),
           ("coherent of 20 capital-of-France answers, llama.cpp server defaults",
            ("arms", "llamacpp-server", "france", "coherent")))),
+    # the same prompt set on the Intel Xeon AMX host, with the model unquantized at the same defaults
+    *(Claim("Default path: coherent answers at the default sampling", label, _SAMPLING_INTEL, path, "{}")
+      for label, path in (
+          ("coherent of 20 prompts, vLLM at the served defaults", ("arms", "vllm-defaults", "coherent")),
+          ("coherent of 20 prompts, vLLM at the served defaults, the model unquantized (bf16)",
+           ("arms", "vllm-defaults-bf16", "coherent")),
+          ("coherent of 20 prompts, llama-cpp-python defaults, same file", ("arms", "llamacpp-python", "coherent")),
+          ("coherent of 20 prompts, llama.cpp server defaults, same file", ("arms", "llamacpp-server", "coherent")),
+          ("coherent of 20 capital-of-France answers, vLLM at the served defaults",
+           ("arms", "vllm-defaults", "france", "coherent")),
+          ("coherent of 20 capital-of-France answers, vLLM at the served defaults, the model unquantized (bf16)",
+           ("arms", "vllm-defaults-bf16", "france", "coherent")),
+          ("coherent of 20 capital-of-France answers, llama-cpp-python defaults",
+           ("arms", "llamacpp-python", "france", "coherent")),
+          ("coherent of 20 capital-of-France answers, llama.cpp server defaults",
+           ("arms", "llamacpp-server", "france", "coherent")))),
+    Claim("Default path: the keep-alive server", "RssAnon, run's shipped server (one process, one sequence), warm",
+          _SERVER_INTEL, ("arms", "shipped", "median", "server_rss_anon_mb"), "{:.0f} MB", target=("<=", 700)),
+    Claim("Default path: the keep-alive server", "spawn to first token, run's shipped server, warm caches",
+          _SERVER_INTEL, ("arms", "shipped", "median", "first_token_s"), "{:.1f} s", target=("<=", 10)),
     Claim("Default path: the keep-alive server", "RssAnon of its processes, one sequence (run's default), warm",
           _SERVER, ("arms", "one sequence", "median", "server_rss_anon_mb"), "{:.0f} MB", target=("<=", 700)),
     Claim("Default path: the keep-alive server", "RssAnon of its processes, 4 sequences (serve's default), warm",
@@ -327,6 +350,10 @@ HEADLINE: tuple[tuple[str, str, str], ...] = (
      "first `run` on empty caches: server spawn to the first token (GGUF repack included)"),
     (_SERVER_1P, "RssAnon, one process (the engine core in the API server's), warm",
      "keep-alive server RssAnon (its whole process tree), warm"),
+    (_SERVER_INTEL, "RssAnon, run's shipped server (one process, one sequence), warm",
+     "keep-alive server as `run` ships it: RssAnon, warm"),
+    (_SERVER_INTEL, "spawn to first token, run's shipped server, warm caches",
+     "keep-alive server as `run` ships it: spawn to the first token, warm caches"),
     ("aot_cache.json", "engine init, warm start with `aot_cache` (median)",
      "warm start: engine init with the compile cache loaded"),
     ("speed_default_cpu_int4.json", "tg128, cpu_int4", "decode (tg128), cpu_int4"),
@@ -421,14 +448,19 @@ def _arm_build(data: dict, key: Key) -> str | None:
     return " ".join(parts)
 
 
-def _prov_build(data: dict) -> str:
-    """The build of a one-run artifact, from its provenance: model and quantization config."""
+def _prov_build(data: dict, key: Key = ()) -> str:
+    """The build of a one-run artifact, from its provenance: model and quantization config
+    (``key``: the claim's, for an artifact whose arms ran different builds)."""
     prov = data.get("provenance") or {}
     model = prov.get("model") or {}
     if (data.get("server_defaults") or {}).get("build"):
-        # bench sampling's provenance holds the name it asked for ("default"); the build its
-        # server loaded is recorded beside it
-        return f"{data['server_defaults']['build']} (served)"
+        # bench sampling's provenance holds the name it asked for ("default"); the build each
+        # server loaded is recorded beside it, and llama.cpp's arms ran the GGUF file itself
+        arm = key[1] if len(key) > 1 and key[0] == "arms" else ""
+        if arm.startswith("llamacpp") and data.get("gguf"):
+            return f"{data['gguf']} (llama.cpp)"
+        served = data.get("server_defaults_bf16") if arm == "vllm-defaults-bf16" else None
+        return f"{(served or data['server_defaults'])['build']} (served)"
     if not model.get("path"):
         # A client's artifact names the build its server loaded when it asked (bench server),
         # else only the model it asked the server for (the agent suite).
@@ -494,7 +526,7 @@ def evaluate(claim: Claim, results_dir: Path) -> Figure:
     value, flags = _number(raw)
     span = (raw["min"], raw["max"]) if _summary(raw) else None
     grid = isinstance(data.get("arms"), list)
-    builds = [_arm_build(data, claim.key) if grid else _prov_build(data)]
+    builds = [_arm_build(data, claim.key) if grid else _prov_build(data, claim.key)]
     hosts = [_host(data)]
     audit = provenance.audit_flags(data.get("provenance"), grid=grid)
     flags += [f for f in _n_flags(raw) if f not in flags]
@@ -510,7 +542,7 @@ def evaluate(claim: Claim, results_dir: Path) -> Figure:
             flags = [f for f in flags if f != stats.NOT_A_RANKING and not f.startswith("n=")]
             flags += [f for f in stats.pair_flags(raw, o_raw) if f not in flags]
         o_grid = isinstance(o_data.get("arms"), list)
-        builds.append(_arm_build(o_data, other[1]) if o_grid else _prov_build(o_data))
+        builds.append(_arm_build(o_data, other[1]) if o_grid else _prov_build(o_data, other[1]))
         hosts.append(_host(o_data))
         one_host(hosts, f"{claim.label!r} ({claim.artifact} against {o_art})")
         audit += provenance.audit_flags(o_data.get("provenance"), grid=o_grid)

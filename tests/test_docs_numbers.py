@@ -147,6 +147,15 @@ def test_a_headline_naming_no_claim_fails(monkeypatch):
         claims.headline_claims()
 
 
+def test_a_sampling_row_names_the_build_its_arm_ran():
+    data = {"gguf": "m.Q4_1.gguf", "server_defaults": {"build": "m-cpu_int4"},
+            "server_defaults_bf16": {"build": "m-bf16"}, "provenance": {}}
+    assert claims._prov_build(data, ("arms", "vllm-defaults", "coherent")) == "m-cpu_int4 (served)"
+    assert claims._prov_build(data, ("arms", "vllm-defaults-bf16", "coherent")) == "m-bf16 (served)"
+    assert claims._prov_build(data, ("arms", "llamacpp-server", "france", "coherent")) == "m.Q4_1.gguf (llama.cpp)"
+    assert claims._prov_build(data) == "m-cpu_int4 (served)"
+
+
 def test_the_host_comes_from_the_provenance():
     prov = {"cpu": {"model": "Intel(R) Xeon(R) Platinum 8480+"}, "core_set": [0, 1, 2, 3]}
     assert claims._host({"provenance": prov}) == "Intel Xeon Platinum 8480+, 4 cores"

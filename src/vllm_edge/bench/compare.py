@@ -145,6 +145,21 @@ def other_host(path: str | Path) -> str | None:
     return theirs if theirs and theirs != this_host() else None
 
 
+def refuse_other_hosts_file(out: str | Path | None) -> None:
+    """Before any measuring: a JSON artifact measured on another host is never replaced by this
+    host's numbers (a table holds one host; docs/results/ are generated from these files).
+    JSONL files are appended to; a folder is :func:`refuse_other_host`'s."""
+    if not out or not str(out).endswith(".json"):
+        return
+    from vllm_edge.common.errors import UsageError
+
+    theirs = other_host(out)
+    if theirs:
+        raise UsageError(f"{out} holds a measurement on {theirs}, and this host is another: one "
+                         f"host's artifact is never replaced by another's. Pass --out with a new "
+                         f"file, for example {host_artifact(Path(out).with_suffix(''))}")
+
+
 SPEED_SUMMARY = "speed/summary.json"  # where a compare run keeps the summary that names its host
 
 

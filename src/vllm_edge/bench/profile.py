@@ -306,12 +306,15 @@ def default_out(path: Path, prompt_len: int, decode_tokens: int) -> Path:
 def run(cfg: ProfileConfig, pinning: dict | None = None, out: str | os.PathLike | None = None,
         log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     """Start one engine, warm up, profile the two phases; return (and write) the result."""
+    from vllm_edge.bench.compare import refuse_other_hosts_file
     from vllm_edge.common import atomic, provenance
 
     validate(cfg)
     scfg = cfg.speed_config()
     path = Path(speed.model_path(scfg))
     mml = speed.validate(scfg, speed.model_max_len(path))
+    target = Path(out) if out else default_out(path, cfg.prompt_len, cfg.decode_tokens)
+    refuse_other_hosts_file(target)  # before the engine starts
     llm, edge, load_s = speed.start_one_process(scfg, path, mml, "profile", ProfileError, log)
     marks = llm.collective_rpc("vllm_edge_profile_marks", args=(True,))[0]
     if marks["pid"] != os.getpid():
@@ -355,7 +358,6 @@ def run(cfg: ProfileConfig, pinning: dict | None = None, out: str | os.PathLike 
         "provenance": provenance.collect(model=path, threads=(pinning or {}).get("threads"),
                                          extra={"core_set_pinned": (pinning or {}).get("cores")}),
     }
-    target = Path(out) if out else default_out(path, cfg.prompt_len, cfg.decode_tokens)
     return atomic.write_result(target, result)
 
 

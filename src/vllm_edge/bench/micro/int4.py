@@ -146,10 +146,14 @@ def main(set_name: str = "lm", rows: tuple[int, ...] | None = None, passes: int 
     """Run one set and write its result (with provenance) to ``out`` or the set's default."""
     from vllm_edge.common import atomic, provenance
 
+    from vllm_edge.bench.compare import refuse_other_hosts_file
+
+    out = out or default_out(set_name)
+    refuse_other_hosts_file(out)
     table, set_rows = SETS[set_name]
     res = run(rows=rows or set_rows, passes=passes, group=group, threads=threads, shapes=shapes,
               profile=profile, table=table)
     res["set"] = set_name
     res["provenance"] = provenance.collect(threads=threads, extra={"torch": torch.__version__})
-    atomic.write_json(out or default_out(set_name), res)
+    atomic.write_json(out, res)
     return res

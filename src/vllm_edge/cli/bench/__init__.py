@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from vllm_edge.cli.args import add_commands
 
@@ -22,24 +21,16 @@ SUBCOMMANDS = {name: f"vllm_edge.cli.bench.{module}" for name, module in (
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    add_commands(p, "bench_command", SUBCOMMANDS,
-                 before=lambda args: refuse_other_hosts_artifact(getattr(args, "out", None)))
+    add_commands(p, "bench_command", SUBCOMMANDS, before=_refuse_other_hosts_out)
 
 
 def run(args: argparse.Namespace) -> int:
     return args.func(args)
 
 
-def refuse_other_hosts_artifact(out: str | None) -> None:
-    """Before any measuring: an artifact measured on another host is never replaced by this
-    host's numbers (a table holds one host; docs/results/ are generated from these files)."""
-    if not out or not str(out).endswith(".json"):
-        return
-    from vllm_edge.bench.compare import host_artifact, other_host
-    from vllm_edge.common.errors import UsageError
+def _refuse_other_hosts_out(args: argparse.Namespace) -> None:
+    """Every bench's --out, before it measures (bench.compare.refuse_other_hosts_file); a
+    bench that computes its own default file checks that one itself."""
+    from vllm_edge.bench.compare import refuse_other_hosts_file
 
-    theirs = other_host(out)
-    if theirs:
-        raise UsageError(f"{out} holds a measurement on {theirs}, and this host is another: one "
-                         f"host's artifact is never replaced by another's. Pass --out with a new "
-                         f"file, for example {host_artifact(Path(out).with_suffix(''))}")
+    refuse_other_hosts_file(getattr(args, "out", None))

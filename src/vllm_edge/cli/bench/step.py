@@ -50,6 +50,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vllm_edge.bench import step
+    from vllm_edge.bench.compare import refuse_other_hosts_file
     from vllm_edge.common.pinning import parse_int_list
 
     quant = None if args.quant == "none" else args.quant
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     path, cores = model_and_cores(cfg.speed_config())
     pinning = pin_cores(cores, "step")
     out = args.out or step.default_out(path, cfg)
+    refuse_other_hosts_file(out)
     try:
         result = step.run(cfg, pinning=pinning, out=out)
     except step.StepError as exc:

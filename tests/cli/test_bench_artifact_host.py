@@ -32,7 +32,7 @@ def test_another_hosts_artifact_is_refused_and_this_hosts_is_not(tmp_path):
     assert theirs.read_text() == before
     here = {**provenance.collect(), "core_set": sorted(os.sched_getaffinity(0))}
     ours = _artifact(tmp_path / "ours.json", here)
-    assert compare.other_host(ours) is None
+    assert compare.recorded_host(ours.parent, ours.name) == compare.this_host()
     compare.refuse_other_hosts_file(str(ours))
     compare.refuse_other_hosts_file(str(tmp_path / "new.json"))  # nothing there yet
     compare.refuse_other_hosts_file(str(tmp_path))  # a folder: per-host already

@@ -132,19 +132,6 @@ def host_artifact(folder: str | Path, suffix: str = ".json") -> Path:
     return Path(folder) / f"{host_slug(this_host())}{suffix}"
 
 
-def other_host(path: str | Path) -> str | None:
-    """The host an existing JSON artifact at ``path`` was measured on, when it is not this one
-    (None: no such file, no host recorded, or this host)."""
-    from vllm_edge.common import provenance
-
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    theirs = provenance.host(data.get("provenance")) if isinstance(data, dict) else None
-    return theirs if theirs and theirs != this_host() else None
-
-
 def refuse_other_hosts_file(out: str | Path | None) -> None:
     """Before any measuring: a JSON artifact measured on another host is never replaced by this
     host's numbers (a table holds one host; docs/results/ are generated from these files).
@@ -153,9 +140,9 @@ def refuse_other_hosts_file(out: str | Path | None) -> None:
         return
     from vllm_edge.common.errors import UsageError
 
-    theirs = other_host(out)
-    if theirs:
-        raise UsageError(f"{out} holds a measurement on {theirs}, and this host is another: one "
+    kept = recorded_host(Path(out).parent, Path(out).name)
+    if kept is not None and kept != this_host():
+        raise UsageError(f"{out} holds a measurement on {kept}, and this host is another: one "
                          f"host's artifact is never replaced by another's. Pass --out with a new "
                          f"file, for example {host_artifact(Path(out).with_suffix(''))}")
 
@@ -169,7 +156,7 @@ def recorded_host(out_dir: Path, summary: str = SPEED_SUMMARY) -> str | None:
     from vllm_edge.common import provenance
 
     kept = _load(Path(out_dir) / summary)
-    return provenance.host(kept.get("provenance")) if kept else None
+    return provenance.host(kept.get("provenance")) if isinstance(kept, dict) else None
 
 
 def refuse_other_host(out_dir: Path, host: str, summary: str = SPEED_SUMMARY) -> None:
@@ -431,7 +418,7 @@ def fmt_ratio(v: dict) -> str:
 def _load(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # a missing file, or one that is not JSON (nor text)
         return None
 
 

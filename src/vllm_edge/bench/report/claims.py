@@ -95,6 +95,25 @@ _SERVER_COLD_BG = "server_start/amd-epyc-avx2-2-cores-cold-background-graph.json
 _SERVER_INTEL = "server_start/intel-xeon-processor-amx-bf16-2-cores.json"
 _SAMPLING_INTEL = "sampling/intel-xeon-processor-amx-bf16-2-cores.json"
 
+# How each `bench sampling` arm is named in a claim: (on the 20 prompts, on the France question)
+_SAMPLING_ARMS = {
+    "vllm-defaults": ("vLLM at the served defaults",) * 2,
+    "vllm-defaults-eager": ("vLLM at the served defaults, eager (a first start)",) * 2,
+    "vllm-defaults-bf16": ("vLLM at the served defaults, the model unquantized (bf16)",) * 2,
+    "llamacpp-python": ("llama-cpp-python defaults, same file", "llama-cpp-python defaults"),
+    "llamacpp-server": ("llama.cpp server defaults, same file", "llama.cpp server defaults"),
+}
+
+
+def _sampling_claims(artifact: str, arms: tuple[str, ...]) -> tuple[Claim, ...]:
+    """A `bench sampling` artifact's counts: each arm on the 20 prompts, then each on France."""
+    section = "Default path: coherent answers at the default sampling"
+    return (*(Claim(section, f"coherent of 20 prompts, {_SAMPLING_ARMS[a][0]}", artifact,
+                    ("arms", a, "coherent"), "{}") for a in arms),
+            *(Claim(section, f"coherent of 20 capital-of-France answers, {_SAMPLING_ARMS[a][1]}", artifact,
+                    ("arms", a, "france", "coherent"), "{}") for a in arms))
+
+
 CLAIMS: tuple[Claim, ...] = (
     # Start-up: the aot_cache patch (docs/design/patches.md)
     Claim("Start-up", "engine init, warm start with `aot_cache` (median)", "aot_cache.json",
@@ -160,50 +179,13 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("Fidelity (default model, against its bf16)", "first-token agreement", "fidelity_default_cpu_int4.json",
           ("greedy", "first_token_agreement"), "{:.2f}"),
     # The default path (docs/guide/run.md): answers at the chat's defaults, the keep-alive server
-    Claim("Default path: coherent answers at the default sampling", "coherent of 20 prompts, vLLM at the served defaults",
-          _SAMPLING, ("arms", "vllm-defaults", "coherent"), "{}"),
-    Claim("Default path: coherent answers at the default sampling", "coherent of 20 prompts, llama-cpp-python defaults, same file",
-          _SAMPLING, ("arms", "llamacpp-python", "coherent"), "{}"),
-    Claim("Default path: coherent answers at the default sampling", "coherent of 20 prompts, llama.cpp server defaults, same file",
-          _SAMPLING, ("arms", "llamacpp-server", "coherent"), "{}"),
-    Claim("Default path: coherent answers at the default sampling", "coherent of 20 capital-of-France answers, vLLM at the served defaults",
-          _SAMPLING, ("arms", "vllm-defaults", "france", "coherent"), "{}"),
-    Claim("Default path: coherent answers at the default sampling", "coherent of 20 capital-of-France answers, llama-cpp-python defaults",
-          _SAMPLING, ("arms", "llamacpp-python", "france", "coherent"), "{}"),
-    Claim("Default path: coherent answers at the default sampling", "coherent of 20 capital-of-France answers, llama.cpp server defaults",
-          _SAMPLING, ("arms", "llamacpp-server", "france", "coherent"), "{}"),
+    *_sampling_claims(_SAMPLING, ("vllm-defaults", "llamacpp-python", "llamacpp-server")),
     # the same prompt set on an AVX2-only EPYC, with the eager server a first start serves
-    *(Claim("Default path: coherent answers at the default sampling", label, _SAMPLING_AVX2, path, "{}")
-      for label, path in (
-          ("coherent of 20 prompts, vLLM at the served defaults", ("arms", "vllm-defaults", "coherent")),
-          ("coherent of 20 prompts, vLLM at the served defaults, eager (a first start)",
-           ("arms", "vllm-defaults-eager", "coherent")),
-          ("coherent of 20 prompts, llama-cpp-python defaults, same file", ("arms", "llamacpp-python", "coherent")),
-          ("coherent of 20 prompts, llama.cpp server defaults, same file", ("arms", "llamacpp-server", "coherent")),
-          ("coherent of 20 capital-of-France answers, vLLM at the served defaults",
-           ("arms", "vllm-defaults", "france", "coherent")),
-          ("coherent of 20 capital-of-France answers, vLLM at the served defaults, eager (a first start)",
-           ("arms", "vllm-defaults-eager", "france", "coherent")),
-          ("coherent of 20 capital-of-France answers, llama-cpp-python defaults",
-           ("arms", "llamacpp-python", "france", "coherent")),
-          ("coherent of 20 capital-of-France answers, llama.cpp server defaults",
-           ("arms", "llamacpp-server", "france", "coherent")))),
+    *_sampling_claims(_SAMPLING_AVX2, ("vllm-defaults", "vllm-defaults-eager", "llamacpp-python",
+                                       "llamacpp-server")),
     # the same prompt set on the Intel Xeon AMX host, with the model unquantized at the same defaults
-    *(Claim("Default path: coherent answers at the default sampling", label, _SAMPLING_INTEL, path, "{}")
-      for label, path in (
-          ("coherent of 20 prompts, vLLM at the served defaults", ("arms", "vllm-defaults", "coherent")),
-          ("coherent of 20 prompts, vLLM at the served defaults, the model unquantized (bf16)",
-           ("arms", "vllm-defaults-bf16", "coherent")),
-          ("coherent of 20 prompts, llama-cpp-python defaults, same file", ("arms", "llamacpp-python", "coherent")),
-          ("coherent of 20 prompts, llama.cpp server defaults, same file", ("arms", "llamacpp-server", "coherent")),
-          ("coherent of 20 capital-of-France answers, vLLM at the served defaults",
-           ("arms", "vllm-defaults", "france", "coherent")),
-          ("coherent of 20 capital-of-France answers, vLLM at the served defaults, the model unquantized (bf16)",
-           ("arms", "vllm-defaults-bf16", "france", "coherent")),
-          ("coherent of 20 capital-of-France answers, llama-cpp-python defaults",
-           ("arms", "llamacpp-python", "france", "coherent")),
-          ("coherent of 20 capital-of-France answers, llama.cpp server defaults",
-           ("arms", "llamacpp-server", "france", "coherent")))),
+    *_sampling_claims(_SAMPLING_INTEL, ("vllm-defaults", "vllm-defaults-bf16", "llamacpp-python",
+                                        "llamacpp-server")),
     Claim("Default path: the keep-alive server", "RssAnon, run's shipped server (one process, one sequence), warm",
           _SERVER_INTEL, ("arms", "shipped", "median", "server_rss_anon_mb"), "{:.0f} MB", target=("<=", 700)),
     Claim("Default path: the keep-alive server", "spawn to first token, run's shipped server, warm caches",

@@ -215,6 +215,15 @@ _declare(
     "A/B: `bench speed --quant cpu_int4` with and without it.",
 )
 _declare(
+    "VLLM_EDGE_LOWBIT", "bool", True,
+    "cpu_int8: at load, repack a linear whose codes fit 5 or 6 bits (a GGUF's Q5_0, Q5_1, Q5_K "
+    "and Q6_K) into the packed layout of quant/lowbit.py, read by the AVX512-BF16 product of "
+    "quant/csrc/lowbit_gemv.c; 0 keeps every layer's row-major int8 codes. Read once per process.",
+    "On: the same values (lossless), about the file's bits per weight read instead of 8; the "
+    "same-file comparisons with llama.cpp (docs/guide/models.md) ran it. Where the CPU lacks "
+    "AVX512-BF16, VBMI or BW it has no effect.",
+)
+_declare(
     "VLLM_EDGE_INT4_GEMV", "bool", True,
     "cpu_int4: run batches up to the dequantization threshold (with dequant_threshold "
     "\"auto\", every batch) on the native AVX512-BF16 product (quant/csrc/int4_gemv.c); where "

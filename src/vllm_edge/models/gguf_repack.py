@@ -43,7 +43,7 @@ from vllm_edge.quant.formats import cpu_int4, cpu_int8
 logger = logging.getLogger("vllm_edge.models")
 
 # Bump when the output changes, so cached repacks are redone.
-CONVERTER_VERSION = "gguf-repack/2"
+CONVERTER_VERSION = "gguf-repack/3"
 KIND = CONVERTER_VERSION.split("/")[0]
 REPORT_NAME = "repack_report.json"
 GROUP = 32
@@ -190,7 +190,7 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
     from safetensors.torch import save_file
     from tqdm import tqdm
 
-    from vllm_edge.quant import repack, repack8
+    from vllm_edge.quant import lowbit, repack, repack8
     from vllm_edge.quant.formats.cpu_int4 import quantization_config as cpu_int4_config
     from vllm_edge.quant.quantize import mean_bits_per_weight
 
@@ -259,6 +259,10 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
         else:
             bits = n * k * 16
         entry["bits_per_weight"] = round(bits / (n * k), 4)
+        # what decode reads where cpu_int8's 5/6-bit codes are packed at load (quant/lowbit.py)
+        runtime = (lowbit.runtime_bits(parts["weight_int8"], parts["weight_scale"], parts["weight_zero"],
+                                       entry["group"]) if route == "repack8" else bits)
+        entry["runtime_bits_per_weight"] = round(runtime / (n * k), 4)
         entry["gguf_bits_per_weight"] = round(t.n_bytes * 8 / (n * k), 4)
         report.append(entry)
 
@@ -283,6 +287,7 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
         counts[e["route"]] = counts.get(e["route"], 0) + 1
     ours = sum(e["bits_per_weight"] * e["shape"][0] * e["shape"][1] for e in report)
     theirs = sum(e["gguf_bits_per_weight"] * e["shape"][0] * e["shape"][1] for e in report)
+    runtime = sum(e["runtime_bits_per_weight"] * e["shape"][0] * e["shape"][1] for e in report)
     summary = {
         "source": str(src), "gguf_types": sorted({e["gguf_type"] for e in report}),
         "group_size": GROUP, "requantize": want["requantize"], "keep_embedding": want["keep_embedding"],
@@ -296,6 +301,9 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
         "routes": counts, "tied_head": tied,
         "bits_per_weight": mean_bits_per_weight(report),
         "bytes_vs_gguf": round(ours / theirs, 4) if theirs else None,
+        "runtime_bytes_vs_gguf": round(runtime / theirs, 4) if theirs else None,
+        "runtime_layout": "cpu_int8 codes that fit 5 or 6 bits packed at load, all-zero offsets "
+                          "dropped (quant/lowbit.py; AVX512-BF16, VBMI and BW, else 8-bit codes)",
         "seconds": round(time.time() - started, 1),
         "quantization_config": qcfg, "tensors": report,
     }

@@ -2,7 +2,8 @@
 
 The head is a linear over the vocabulary (the op of :mod:`.int8_ops`); the lookup widens only
 the requested rows, so no bf16 table is resident. A head tied to an 8-bit embedding reads the
-embedding's tensors: one copy, as in the file it came from.
+embedding's tensors: one copy, as in the file it came from. An untied head whose codes fit 5 or
+6 bits is packed as a linear is (:mod:`.lowbit`); an embedding keeps its row-major codes.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ class CpuInt8EmbeddingMethod(Int8WeightsMixin, QuantizeMethodBase):
         if _SOURCE in layer.__dict__:
             return  # tied: the embedding owns the data
         self.finish(layer)
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+        if isinstance(layer, ParallelLMHead):  # an untied head: never looked up, so it may pack
+            self.pack_lowbit(layer)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -4,7 +4,9 @@ loaders, every tensor validated, and run by the custom op of :mod:`.int8_ops`.
 Checkpoint tensors per linear ``<prefix>``: ``weight_int8`` int8 [N, K], ``weight_scale`` and
 ``weight_zero`` fp16 [N, K / group] (:mod:`.int8`). The layout is the runtime layout: nothing
 is repacked after loading. An all-zero offset (the quantizer's symmetric codes, llama.cpp's
-Q8_0, Q5_0 and Q6_K) is dropped at load, so the product does not read it.
+Q8_0, Q5_0 and Q6_K) is dropped at load, so the product does not read it. Codes that fit 5 or 6
+bits (llama.cpp's 5- and 6-bit blocks) are then repacked in place into :mod:`.lowbit`'s layout
+where its product runs.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from vllm_edge.quant import int8_ops
 from vllm_edge.quant.linear import CheckpointError, _expected_rows, checkpoint_name, expected_shards
 
 PARAMS = ("weight_int8", "weight_scale", "weight_zero")
+_TRIM_EVERY = 8
+_packed_since_trim = [0]
 
 
 class Int8WeightsMixin:
@@ -103,7 +107,44 @@ class Int8WeightsMixin:
             del layer.weight_zero
             layer.weight_zero = None
 
+    def pack_lowbit(self, layer: torch.nn.Module) -> None:
+        """Codes that fit 5 or 6 bits move to the packed layout of :mod:`.lowbit` (the same
+        values, about the file's bytes per weight); the int8 codes are freed. A layer the packed
+        product cannot take keeps them."""
+        from vllm_edge.quant import lowbit
+
+        n, k = layer.weight_int8.shape
+        if not (lowbit.fits(n, k, layer.cpu_int8_group) and lowbit.supported()):
+            return
+        zero = layer.weight_zero.data if layer.weight_zero is not None else None
+        packed = lowbit.pack(layer.weight_int8.data, layer.weight_scale.data, zero, layer.cpu_int8_group)
+        if packed is None:
+            return
+        for name in PARAMS:
+            if isinstance(getattr(layer, name, None), Parameter):
+                delattr(layer, name)
+            setattr(layer, name, None)
+        for name, t in (("lowbit_nibbles", packed.nibbles), ("lowbit_high", packed.high),
+                        ("lowbit_scale", packed.scale), ("lowbit_zero", packed.zero)):
+            if t is None:
+                setattr(layer, name, None)
+            else:
+                layer.register_parameter(name, Parameter(t, requires_grad=False))
+        layer.cpu_int8_planes = packed.planes
+        _packed_since_trim[0] += 1
+        if _packed_since_trim[0] >= _TRIM_EVERY:
+            # each layer frees its int8 codes between the load's long-lived tensors: without a
+            # trim now and then the freed holes add up (about 140 MB over SmolLM2's 120 layers)
+            from vllm_edge.runtime import memory
+
+            memory.trim()
+            _packed_since_trim[0] = 0
+
     def matmul(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if getattr(layer, "cpu_int8_planes", 0):
+            return int8_ops.lowbit_linear(x, layer.lowbit_nibbles, layer.lowbit_high, layer.lowbit_scale,
+                                          layer.lowbit_zero, layer.cpu_int8_group,
+                                          layer.cpu_int8_planes, bias=bias)
         return int8_ops.linear(x, layer.weight_int8, layer.weight_scale, layer.weight_zero,
                                layer.cpu_int8_group, bias=bias)
 
@@ -111,6 +152,7 @@ class Int8WeightsMixin:
 class CpuInt8LinearMethod(Int8WeightsMixin, LinearMethodBase):
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         self.finish(layer)
+        self.pack_lowbit(layer)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -14,9 +14,10 @@ from typing import Optional
 
 import torch
 
-from vllm_edge.quant import gemm, int8
+from vllm_edge.quant import gemm, int8, lowbit
 
 OP_NAME = "edge_cpu_int8_linear"
+LOWBIT_OP_NAME = "edge_cpu_int8_lowbit_linear"
 EMBED_OP_NAME = "edge_cpu_int8_embedding"
 # Above this many rows a dequantize + bf16 GEMM reads the weight once; below, the product
 # reads it ceil(rows / 8) times but skips the bf16 copy (decode, and speculative verify).
@@ -45,6 +46,27 @@ def _linear_fake(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: Op
     return x.new_empty((*x.shape[:-1], q.shape[0]))
 
 
+def lowbit_impl(x: torch.Tensor, nibbles: torch.Tensor, high: torch.Tensor, scale: torch.Tensor,
+                zero: Optional[torch.Tensor], group: int, planes: int) -> torch.Tensor:
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    out = None
+    if x2.shape[0] <= GEMV_ROWS and x.dtype == torch.bfloat16:
+        out = lowbit.gemv(x2, nibbles, high, scale, zero, group, planes)
+    elif x.dtype == torch.bfloat16:
+        out = lowbit.linear_t(x2, nibbles, high, scale, zero, group, planes)
+    if out is None:
+        w = lowbit.dequantize_bf16(nibbles, high, scale, zero, group, planes)
+        ct = gemm.compute_dtype(x.dtype)
+        out = torch.nn.functional.linear(x2.to(ct), w.to(ct)).to(x.dtype)
+    return out.view(*x.shape[:-1], scale.shape[1])
+
+
+def _lowbit_fake(x: torch.Tensor, nibbles: torch.Tensor, high: torch.Tensor, scale: torch.Tensor,
+                 zero: Optional[torch.Tensor], group: int, planes: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], scale.shape[1]))
+
+
 def embedding_impl(ids: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
                    zero: Optional[torch.Tensor], group: int) -> torch.Tensor:
     return int8.gather_rows(q, scale, zero, group, ids).view(*ids.shape, q.shape[1])
@@ -64,6 +86,7 @@ def register() -> None:
         from vllm.utils.torch_utils import direct_register_custom_op
 
         direct_register_custom_op(OP_NAME, linear_impl, mutates_args=[], fake_impl=_linear_fake)
+        direct_register_custom_op(LOWBIT_OP_NAME, lowbit_impl, mutates_args=[], fake_impl=_lowbit_fake)
         direct_register_custom_op(EMBED_OP_NAME, embedding_impl, mutates_args=[],
                                   fake_impl=_embedding_fake)
         _registered = True
@@ -74,6 +97,16 @@ def linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: torch.Te
     if not _registered:  # no lock on the hot path: dynamo cannot trace one
         register()
     out = getattr(torch.ops.vllm, OP_NAME)(x, q, scale, zero, group)
+    return out if bias is None else out + bias
+
+
+def lowbit_linear(x: torch.Tensor, nibbles: torch.Tensor, high: torch.Tensor, scale: torch.Tensor,
+                  zero: torch.Tensor | None, group: int, planes: int,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """A linear in :mod:`.lowbit`'s packed layout (``scale`` [K/g, N])."""
+    if not _registered:
+        register()
+    out = getattr(torch.ops.vllm, LOWBIT_OP_NAME)(x, nibbles, high, scale, zero, group, planes)
     return out if bias is None else out + bias
 
 

@@ -53,8 +53,8 @@ def _loaded_tcmalloc() -> str | None:
     return None
 
 
-def release_arenas(tag: str) -> Release:
-    before = (rss_anon_kb(os.getpid()) or 0) / 1024
+def trim() -> tuple[str, bool]:
+    """Ask the allocator(s) to return freed memory, quietly: (allocator, whether a call ran)."""
     allocator, trimmed = "glibc", False
     tc = _loaded_tcmalloc()
     if tc:
@@ -71,6 +71,12 @@ def release_arenas(tag: str) -> Release:
             trimmed = bool(ctypes.CDLL(libc_name).malloc_trim(0)) or trimmed
         except (OSError, AttributeError):
             allocator = allocator if tc else "unknown (no malloc_trim)"
+    return allocator, trimmed
+
+
+def release_arenas(tag: str) -> Release:
+    before = (rss_anon_kb(os.getpid()) or 0) / 1024
+    allocator, trimmed = trim()
     after = (rss_anon_kb(os.getpid()) or 0) / 1024
     rel = Release(tag, os.getpid(), allocator, round(before, 1), round(after, 1), trimmed)
     history.append(rel)

@@ -124,4 +124,5 @@ def _repack_summary(path: Path) -> dict | None:
     return {"source": Path(str(report.get("source", ""))).name, "gguf_types": report.get("gguf_types"),
             "routes": report.get("routes"), "bits_per_weight": report.get("bits_per_weight"),
             "bytes_vs_gguf": report.get("bytes_vs_gguf"),
+            "runtime_bytes_vs_gguf": report.get("runtime_bytes_vs_gguf"),
             "max_error_over_bound": report.get("max_error_over_bound")}

@@ -98,8 +98,10 @@ def _kept(a: Artifact) -> str:
     if not isinstance(rp, dict) or not rp.get("routes"):
         return "–"
     routes = ", ".join(f"{k} {v}" for k, v in sorted(rp["routes"].items()))
-    ratio = rp.get("bytes_vs_gguf")
-    return f"{routes} ({ratio}×)" if ratio is not None else routes
+    ratio, runtime = rp.get("bytes_vs_gguf"), rp.get("runtime_bytes_vs_gguf")
+    if ratio is None:
+        return routes
+    return f"{routes} ({ratio}× stored" + (f", {runtime}× read" if runtime is not None else "") + ")"
 
 
 def _fidelity_for(model_name: str, fid: list[Artifact]) -> Artifact | None:

@@ -1,0 +1,211 @@
+"""The packed runtime layout of cpu_int8 for codes that fit 5 or 6 bits (``csrc/lowbit_gemv.c``).
+
+A GGUF file's Q5_0, Q5_1, Q5_K and Q6_K blocks reach ``cpu_int8`` with their codes kept
+(:mod:`.repack8`): signed codes in [-16, 15] or [-32, 31] stored one byte each, 8 bits read
+per weight where the file has 5.5 to 6.6. At load, a linear whose codes fit 5 or 6 bits is
+repacked here (lossless: the codes, scales and offsets are the same values) into the int4
+product's nibble layout plus one or two high-bit planes, and its int8 codes are freed. Decode
+then reads about the file's bytes per weight, through the AVX-512 BF16 product of the int4
+format with one masked add per plane.
+
+Where the CPU lacks AVX512-BF16, VBMI or BW, the kernel cannot be built, or a shape does not
+fit (rows not a multiple of 64, columns of 32, a group not a multiple of 16), the layer keeps
+the row-major int8 codes and cpu_int8's own products (AVX-512, AVX2 or portable): correct,
+8 bits read per weight. ``VLLM_EDGE_LOWBIT=0`` keeps them everywhere.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from vllm_edge.quant import native
+
+logger = logging.getLogger("vllm_edge.quant")
+SOURCES = (Path(__file__).with_name("csrc") / "lowbit_gemv.c",)
+BLOCK_ROWS = 64
+# planes -> the offset that makes a signed code unsigned: 1 plane holds [-16, 15], 2 [-32, 31]
+OFFSETS = {1: 16, 2: 32}
+_PACK_BLOCKS = 16
+
+
+@dataclass(frozen=True)
+class Packed:
+    """One weight in the packed layout (shapes for ``N`` rows, ``K`` columns, group ``g``)."""
+
+    nibbles: torch.Tensor    # uint8 [N/64, K, 32]
+    high: torch.Tensor       # int32 [N/64, K/2, planes, 4], read as uint32 masks
+    scale: torch.Tensor      # fp16 [K/g, N]
+    zero: torch.Tensor | None  # fp16 [K/g, N], None when every offset is 0
+    group: int
+    planes: int
+
+    @property
+    def offset(self) -> int:
+        return OFFSETS[self.planes]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.scale.shape[1], self.nibbles.shape[1]
+
+    def nbytes(self) -> int:
+        """Bytes the product reads per call: what ``bench bytes`` counts for this layer."""
+        return sum(t.numel() * t.element_size()
+                   for t in (self.nibbles, self.high, self.scale, self.zero) if t is not None)
+
+
+def planes_for(q: torch.Tensor) -> int | None:
+    """1 or 2 high-bit planes when every signed code fits 5 or 6 bits, else None."""
+    if q.numel() == 0:
+        return None
+    lo, hi = int(q.min()), int(q.max())
+    return next((p for p, off in OFFSETS.items() if -off <= lo and hi < off), None)
+
+
+def runtime_bits(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int) -> int:
+    """Bits a decode step reads for this cpu_int8 weight where the packed product runs (an
+    AVX512-BF16/VBMI/BW CPU): 4 + planes per packable code, else 8; fp16 scales; the offsets
+    only when one is not zero (an all-zero offset is dropped at load)."""
+    n, k = q.shape
+    planes = planes_for(q) if fits(n, k, group) else None
+    code_bits = 4 + planes if planes else 8
+    groups = n * (k // group)
+    return n * k * code_bits + groups * 16 * (1 + int(zero is not None and bool(zero.any())))
+
+
+def fits(n: int, k: int, group: int) -> bool:
+    """Shapes the packed product takes (the C kernel's shape_ok)."""
+    return n % BLOCK_ROWS == 0 and n > 0 and k % 32 == 0 and k > 0 and group % 16 == 0 and k % group == 0
+
+
+def pack(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int,
+         planes: int | None = None) -> Packed | None:
+    """int8 codes ``q`` [N, K] with fp16 ``scale``/``zero`` [N, K/g] in the packed layout, or None
+    when the codes need more than 6 bits or the shape does not fit. Exact: every value kept."""
+    n, k = q.shape
+    planes = planes or planes_for(q)
+    if planes is None or not fits(n, k, group):
+        return None
+    u = (q.to(torch.int16) + OFFSETS[planes]).to(torch.uint8)          # [N, K], 0..63
+    blocks = u.view(n // BLOCK_ROWS, BLOCK_ROWS, k)
+    low = blocks & 15
+    # byte (b, k, j) = row j's nibble | row j+32's nibble << 4
+    nibbles = (low[:, :32, :] | (low[:, 32:, :] << 4)).transpose(1, 2).contiguous()
+    # bit 2j+t of mask (b, p, plane, i) = bit 4+plane of u at row 16i+j of block b, column 2p+t;
+    # a few blocks at a time, so the int64 sums stay small beside the weight
+    nb = n // BLOCK_ROWS
+    weights = torch.tensor([1 << (2 * j + t) for j in range(16) for t in range(2)], dtype=torch.int64)
+    high_t = torch.empty(nb, k // 2, planes, 4, dtype=torch.int32)
+    for b0 in range(0, nb, _PACK_BLOCKS):
+        quarters = blocks[b0:b0 + _PACK_BLOCKS].reshape(-1, 4, 16, k // 2, 2)  # b, i, j, p, t
+        for plane in range(planes):
+            bits = ((quarters >> (4 + plane)) & 1).to(torch.int64)
+            bits = bits.permute(0, 3, 1, 2, 4).reshape(-1, k // 2, 4, 32)
+            masks = (bits * weights).sum(-1)                                  # b, p, i
+            high_t[b0:b0 + _PACK_BLOCKS, :, plane] = torch.where(
+                masks >= 1 << 31, masks - (1 << 32), masks).to(torch.int32)
+    return Packed(nibbles, high_t, scale.t().contiguous(),
+                  None if zero is None or not zero.any() else zero.t().contiguous(), group, planes)
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The kernel, built on first use; ``None`` where it cannot be built."""
+    lib, errors = native.build_and_load("lowbit", SOURCES)
+    if lib is None:
+        logger.info("cpu_int8: the packed 5/6-bit product did not build (%s); 5- and 6-bit codes "
+                    "stay row-major int8", " | ".join(errors))
+        return None
+    p, i = ctypes.c_void_p, ctypes.c_int64
+    lib.edge_lowbit_gemv.restype, lib.edge_lowbit_gemv.argtypes = ctypes.c_int, [p] * 6 + [i] * 7
+    for name in ("edge_lowbit_dequant", "edge_lowbit_dequant_t"):
+        getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, [p] * 5 + [i] * 6
+    for name in ("edge_lowbit_supported", "edge_lowbit_openmp"):
+        getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, []
+    return lib
+
+
+@functools.cache
+def supported() -> bool:
+    """Whether layers are packed here: ``VLLM_EDGE_LOWBIT`` on, an AVX512-BF16/VBMI/BW OpenMP build."""
+    from vllm_edge import envs
+
+    if not envs.get("VLLM_EDGE_LOWBIT"):
+        return False
+    lib = library()
+    ok = bool(lib is not None and lib.edge_lowbit_supported() and lib.edge_lowbit_openmp())
+    if lib is not None and not ok:
+        logger.info("cpu_int8: the packed 5/6-bit product needs AVX512-BF16, VBMI and BW; 5- and "
+                    "6-bit codes stay row-major int8 (correct, 8 bits read per weight)")
+    return ok
+
+
+def _zero_ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def gemv(x2: torch.Tensor, nibbles: torch.Tensor, high: torch.Tensor, scale: torch.Tensor,
+         zero: torch.Tensor | None, group: int, planes: int) -> torch.Tensor | None:
+    """``x2 @ W^T`` (bf16 [M, N]) for bf16 ``x2`` [M, K]; None when the kernel cannot take it."""
+    lib = library()
+    if lib is None or x2.dtype != torch.bfloat16:
+        return None
+    x2 = x2.contiguous()
+    m, k = x2.shape
+    n = scale.shape[1]
+    y = torch.empty(m, n, dtype=torch.bfloat16)
+    rc = lib.edge_lowbit_gemv(nibbles.data_ptr(), high.data_ptr(), scale.data_ptr(), _zero_ptr(zero),
+                              x2.data_ptr(), y.data_ptr(), m, n, k, group, planes, OFFSETS[planes],
+                              torch.get_num_threads())
+    return y if rc == 0 else None
+
+
+def linear_t(x2: torch.Tensor, nibbles: torch.Tensor, high: torch.Tensor, scale: torch.Tensor,
+             zero: torch.Tensor | None, group: int, planes: int) -> torch.Tensor | None:
+    """``x2 @ W^T`` through W^T dequantized to bf16 [K, N] (every store contiguous) and one
+    bf16 GEMM: the prefill route. None when the kernel cannot take it."""
+    lib = library()
+    if lib is None or x2.dtype != torch.bfloat16:
+        return None
+    n, k = scale.shape[1], nibbles.shape[1]
+    wt = torch.empty(k, n, dtype=torch.bfloat16)
+    if lib.edge_lowbit_dequant_t(nibbles.data_ptr(), high.data_ptr(), scale.data_ptr(), _zero_ptr(zero),
+                                 wt.data_ptr(), n, k, group, planes, OFFSETS[planes],
+                                 torch.get_num_threads()) != 0:
+        return None
+    return torch.matmul(x2, wt)
+
+
+def dequantize_bf16(nibbles: torch.Tensor, high: torch.Tensor, scale: torch.Tensor,
+                    zero: torch.Tensor | None, group: int, planes: int) -> torch.Tensor:
+    """The whole weight as row-major bf16 [N, K]: the value cpu_int8's dequantizer gives."""
+    lib = library()
+    n, k = scale.shape[1], nibbles.shape[1]
+    if lib is not None:
+        out = torch.empty(n, k, dtype=torch.bfloat16)
+        if lib.edge_lowbit_dequant(nibbles.data_ptr(), high.data_ptr(), scale.data_ptr(),
+                                   _zero_ptr(zero), out.data_ptr(), n, k, group, planes,
+                                   OFFSETS[planes], torch.get_num_threads()) == 0:
+            return out
+    return unpack_codes(nibbles, high, planes).to(torch.float32).mul(
+        scale.t().to(torch.float32).repeat_interleave(group, dim=1)).add(
+        0 if zero is None else zero.t().to(torch.float32).repeat_interleave(group, dim=1)).to(torch.bfloat16)
+
+
+def unpack_codes(nibbles: torch.Tensor, high: torch.Tensor, planes: int) -> torch.Tensor:
+    """The signed int8 codes [N, K] back from the packed layout (the torch inverse of :func:`pack`)."""
+    nb, k, _ = nibbles.shape
+    t = nibbles.transpose(1, 2)                                              # b, j, k
+    u = torch.cat([t & 15, t >> 4], dim=1).to(torch.int16)                   # b, 64, k
+    masks = high.to(torch.int64) & 0xFFFFFFFF                                # b, p, plane, i
+    shifts = torch.arange(32, dtype=torch.int64)
+    for plane in range(planes):
+        bits = (masks[:, :, plane, :, None] >> shifts) & 1                   # b, p, i, 2j+t
+        bits = bits.view(nb, k // 2, 4, 16, 2).permute(0, 2, 3, 1, 4).reshape(nb, 64, k)
+        u = u | (bits.to(torch.int16) << (4 + plane))
+    return (u - OFFSETS[planes]).to(torch.int8).reshape(nb * 64, k)

@@ -1,0 +1,168 @@
+"""cpu_int8's packed 5/6-bit layout: the packing is exact, the product and the prefill route
+equal the int8 formulation they replace, a wrong plane is caught, and vLLM's layers pack a
+5- or 6-bit layer at load (freeing its int8 codes) and leave an 8-bit one alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_edge.quant import int8, int8_ops, lowbit
+
+needs_kernel = pytest.mark.skipif(not lowbit.supported(),
+                                  reason="the packed product needs AVX512-BF16, VBMI and BW")
+
+
+def codes(n, k, group, planes, seed=0, offsets=True):
+    g = torch.Generator().manual_seed(seed)
+    off = lowbit.OFFSETS[planes]
+    q = torch.randint(-off, off, (n, k), generator=g, dtype=torch.int16).to(torch.int8)
+    s = (torch.rand(n, k // group, generator=g) * 1e-2 + 1e-4).to(torch.float16)
+    z = ((torch.rand(n, k // group, generator=g) - 0.5) * 1e-2).to(torch.float16) if offsets else None
+    return q, s, z
+
+
+def reference(x, q, s, z, group):
+    zz = torch.zeros_like(s) if z is None else z
+    return x.double() @ int8.dequantize(q, s, zz, group).double().T
+
+
+def close(y, ref, k):
+    # bf16 output rounding plus fp32 accumulation over k terms of (128 + u) x, each up to 192 |x|
+    bound = ref.abs() * 2 ** -8 + (ref.abs().max() + 1e-3) * k * 2 ** -18
+    return bool(((y.double() - ref).abs() <= bound).all())
+
+
+@pytest.mark.parametrize("planes", [1, 2])
+def test_packing_is_exact_and_finds_the_planes(planes):
+    q, s, z = codes(192, 96, 32, planes)
+    assert lowbit.planes_for(q) == planes
+    p = lowbit.pack(q, s, z, 32)
+    assert p.planes == planes and p.offset == 16 << (planes - 1)
+    assert torch.equal(lowbit.unpack_codes(p.nibbles, p.high, planes), q)
+    assert torch.equal(p.scale, s.t()) and torch.equal(p.zero, z.t())
+    # 4 + planes bits per code, fp16 scale and offset per group of 32
+    assert p.nbytes() * 8 == 192 * 96 * (4 + planes) + 2 * 16 * 192 * 3
+    assert lowbit.runtime_bits(q, s, z, 32) == p.nbytes() * 8
+
+
+def test_codes_wider_than_six_bits_or_odd_shapes_are_not_packed():
+    q, s, z = codes(64, 64, 32, 2)
+    q[3, 5] = 32
+    assert lowbit.planes_for(q) is None and lowbit.pack(q, s, z, 32) is None
+    assert lowbit.runtime_bits(q, s, None, 32) == 64 * 64 * 8 + 64 * 2 * 16
+    q, s, z = codes(72, 64, 32, 1)  # 72 rows: not whole 64-row blocks
+    assert lowbit.pack(q, s, z, 32) is None
+    q, s, z = codes(64, 64, 8, 1)   # a group of 8 columns
+    assert lowbit.pack(q, s, z, 8) is None
+    q, s, _ = codes(64, 64, 32, 1)
+    assert lowbit.pack(q, s, torch.zeros_like(s), 32).zero is None  # an all-zero offset is not read
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9, 16])
+@pytest.mark.parametrize("planes,group,offsets", [(1, 32, False), (1, 32, True), (2, 16, False),
+                                                  (2, 16, True), (1, 64, True), (2, 32, True)])
+def test_the_product_equals_the_dequantized_matmul(m, planes, group, offsets):
+    n, k = 192, 256
+    q, s, z = codes(n, k, group, planes, offsets=offsets)
+    p = lowbit.pack(q, s, z, group)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    y = lowbit.gemv(x, p.nibbles, p.high, p.scale, p.zero, group, planes)
+    assert y is not None and y.shape == (m, n)
+    assert close(y, reference(x, q, s, z, group), k)
+
+
+@needs_kernel
+@pytest.mark.parametrize("planes", [1, 2])
+def test_the_dequantizers_give_the_int8_values(planes):
+    q, s, z = codes(128, 96, 16, planes)
+    p = lowbit.pack(q, s, z, 16)
+    want = int8.dequantize_bf16(q, s, z, 16)
+    assert torch.equal(lowbit.dequantize_bf16(p.nibbles, p.high, p.scale, p.zero, 16, planes), want)
+    x = torch.randn(40, 96).to(torch.bfloat16)
+    y = lowbit.linear_t(x, p.nibbles, p.high, p.scale, p.zero, 16, planes)
+    assert close(y, x.double() @ want.double().T, 96)
+
+
+@needs_kernel
+def test_a_wrong_high_bit_plane_is_caught():
+    """The check can fail: one flipped plane bit moves one weight by 16 steps."""
+    q, s, z = codes(64, 64, 32, 1)
+    p = lowbit.pack(q, s, z, 32)
+    high = p.high.clone()
+    high[0, 3, 0, 1] ^= 1 << 6  # row 16 + 3, column 6 of block 0
+    x = torch.randn(1, 64).to(torch.bfloat16)
+    ref = reference(x, q, s, z, 32)
+    assert close(lowbit.gemv(x, p.nibbles, p.high, p.scale, p.zero, 32, 1), ref, 64)
+    assert not close(lowbit.gemv(x, p.nibbles, high, p.scale, p.zero, 32, 1), ref, 64)
+    assert not torch.equal(lowbit.unpack_codes(p.nibbles, high, 1), q)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 16, 17, 40])
+def test_the_op_routes_by_rows_and_agrees(rows):
+    q, s, z = codes(128, 128, 32, 2)
+    p = lowbit.pack(q, s, z, 32)
+    x = torch.randn(rows, 128).to(torch.bfloat16)
+    bias = torch.randn(128).to(torch.bfloat16)
+    out = int8_ops.lowbit_impl(x, p.nibbles, p.high, p.scale, p.zero, 32, 2)
+    if rows <= int8_ops.GEMV_ROWS:
+        ref = reference(x, q, s, z, 32)
+    else:  # W^T rounded to bf16, then a bf16 GEMM
+        ref = x.double() @ int8.dequantize(q, s, z, 32, torch.bfloat16).double().T
+    assert close(out, ref, 128)
+    assert torch.equal(int8_ops.lowbit_linear(x, p.nibbles, p.high, p.scale, p.zero, 32, 2, bias=bias),
+                       out + bias)
+
+
+def _layer(planes_or_none, group=32):
+    from vllm.model_executor.layers.linear import ReplicatedLinear
+
+    from vllm_edge.quant.int8_config import CpuInt8Config
+
+    layer = ReplicatedLinear(128, 192, bias=False, quant_config=CpuInt8Config(group),
+                             prefix="model.layers.0.mlp.down_proj", params_dtype=torch.bfloat16)
+    if planes_or_none is None:
+        g = torch.Generator().manual_seed(3)
+        q = torch.randint(-128, 128, (192, 128), generator=g, dtype=torch.int16).to(torch.int8)
+        s = (torch.rand(192, 128 // group, generator=g) * 1e-3).to(torch.float16)
+        z = torch.zeros_like(s)
+    else:
+        q, s, z = codes(192, 128, group, planes_or_none)
+    for name, t in (("weight_int8", q), ("weight_scale", s), ("weight_zero", z)):
+        param = getattr(layer, name)
+        param.weight_loader(param, t)
+    layer.quant_method.process_weights_after_loading(layer)
+    return layer, q, s, z
+
+
+@needs_kernel
+@pytest.mark.parametrize("planes", [1, 2])
+def test_a_vllm_layer_packs_five_and_six_bit_codes_at_load(vllm_dist, planes):
+    layer, q, s, z = _layer(planes)
+    assert layer.cpu_int8_planes == planes and layer.weight_int8 is None
+    assert "weight_int8" not in dict(layer.named_parameters())
+    assert torch.equal(lowbit.unpack_codes(layer.lowbit_nibbles.data, layer.lowbit_high.data, planes), q)
+    for m in (1, 7, 40):
+        x = torch.randn(m, 128).to(torch.bfloat16)
+        out = layer(x)[0]
+        ref = x.double() @ int8.dequantize(q, s, z, 32, torch.bfloat16).double().T
+        assert close(out, ref, 128) if m > 16 else close(out, reference(x, q, s, z, 32), 128)
+
+
+def test_a_vllm_layer_keeps_eight_bit_codes(vllm_dist):
+    layer, q, _, _ = _layer(None)
+    assert not getattr(layer, "cpu_int8_planes", 0)
+    assert torch.equal(layer.weight_int8.data, q)
+
+
+def test_the_switch_keeps_int8(vllm_dist, monkeypatch):
+    monkeypatch.setenv("VLLM_EDGE_LOWBIT", "0")
+    lowbit.supported.cache_clear()
+    try:
+        layer, q, _, _ = _layer(1)
+        assert not getattr(layer, "cpu_int8_planes", 0) and torch.equal(layer.weight_int8.data, q)
+    finally:
+        monkeypatch.delenv("VLLM_EDGE_LOWBIT")
+        lowbit.supported.cache_clear()

@@ -72,7 +72,8 @@ def _vllm_score(run_llm, model_dir, reference):
                                 prompt_ids=reference["prompt_ids"], chunks=reference["chunks"])
         methods = llm.apply_model(lambda m: sorted({type(x.quant_method).__name__ for x in m.modules()
                                                     if getattr(x, "quant_method", None) is not None}))
-        return fidelity.score(reference, data), methods[0]
+        packed = llm.apply_model(lambda m: sum(1 for x in m.modules() if getattr(x, "cpu_int8_planes", 0)))
+        return fidelity.score(reference, data), methods[0], packed[0]
 
     return run_llm(use, model=str(model_dir), enforce_eager=True, max_model_len=512, max_logprobs=K,
                    kv_cache_memory_bytes=64 << 20, dtype="bfloat16", seed=0, enable_prefix_caching=False)
@@ -82,19 +83,23 @@ def _vllm_score(run_llm, model_dir, reference):
 def test_the_files_own_types_run_at_llama_cpps_fidelity(qtype, files, token_ids, run_llm, tmp_path):
     from vllm_edge.models import store
     from vllm_edge.models.gguf_repack import REPORT_NAME
-    from vllm_edge.quant import formats
+    from vllm_edge.quant import formats, lowbit
 
     src = files[qtype]
     build = store.ensure_gguf(str(src), formats.DEFAULT)
     report = json.loads((build / REPORT_NAME).read_text())
     assert set(report["routes"]) <= {"repack", "repack8"} and report["max_error_over_bound"] <= 1
     reference = _llamacpp_reference(src, token_ids, tmp_path)
-    scored, methods = _vllm_score(run_llm, build, reference)
+    scored, methods, packed = _vllm_score(run_llm, build, reference)
     tf = scored["teacher_forced"]
     print(f"{qtype}: types {report['gguf_types']}, routes {report['routes']}, bytes vs file "
-          f"{report['bytes_vs_gguf']}: top-1 {tf['top1_agreement']:.3f}, KL {tf['kl_mean']:.4f}, "
+          f"{report['bytes_vs_gguf']} stored, {report['runtime_bytes_vs_gguf']} read, {packed} layers "
+          f"packed: top-1 {tf['top1_agreement']:.3f}, KL {tf['kl_mean']:.4f}, "
           f"greedy exact {scored['greedy']['exact_matches_str']}, first token {scored['greedy']['first_token_agreement']:.2f}")
     assert "CpuInt8LinearMethod" in methods and "UnquantizedLinearMethod" not in methods
+    # the 5- and 6-bit layers ran packed (quant/lowbit.py) where this CPU has the product
+    assert (packed > 0) == lowbit.supported(), packed
+    assert report["runtime_bytes_vs_gguf"] <= 1.1, report["runtime_bytes_vs_gguf"]
     assert tf["top1_agreement"] >= TOP1_FLOOR and tf["kl_mean"] <= KL_CEILING, tf
 
 
@@ -119,7 +124,7 @@ def test_a_wrong_repack_fails_the_comparison(files, token_ids, run_llm, tmp_path
                 w[name] = ((((x & 0xF) << 4) | (x >> 4)) & 0x1F).sub(16).to(torch.int8)
     save_file(w, str(bad / "model.safetensors"), metadata={"format": "pt"})
     reference = _llamacpp_reference(src, token_ids, tmp_path)
-    scored, _ = _vllm_score(run_llm, bad, reference)
+    scored, _, _ = _vllm_score(run_llm, bad, reference)
     tf = scored["teacher_forced"]
     print(f"swapped nibbles: top-1 {tf['top1_agreement']:.3f}, KL {tf['kl_mean']:.4f}")
     assert tf["top1_agreement"] < TOP1_FLOOR and tf["kl_mean"] > KL_CEILING

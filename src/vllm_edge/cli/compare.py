@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
             if args.out is None and not user:  # the shared page: every host's run, redrawn whole
                 res = compare.write_page("benchmarks/results", doc or compare.DEFAULT_DOC)
             else:
-                out_dir = Path(args.out or f"{compare.DEFAULT_OUT}_{compare.user_slug(args.model)}")
+                out_dir = Path(args.out or Path(f"{compare.DEFAULT_OUT}_{compare.user_slug(args.model)}")
+                               / compare.host_slug(compare.this_host()))
                 shared = compare.is_shared_page(out_dir, Path(compare.DEFAULT_DOC))
                 res = compare.draw(out_dir, doc or (Path(compare.DEFAULT_DOC) if shared else
                                                     out_dir / "comparisons.md"),
@@ -92,11 +93,10 @@ def run(args: argparse.Namespace) -> int:
     allowed = sorted(os.sched_getaffinity(0))
     cpus = pinning.parse_int_list(args.cpus, "--cpus", minimum=0) or None
     cores = pinning.core_set(cpus, args.threads, allowed)
-    # the default model's and the 1B's runs live one directory per host: a run here never
-    # replaces another machine's
-    default_out = (f"{compare.DEFAULT_OUT}_{compare.user_slug(args.model)}" if user else
+    # every run lives in one directory per host: a run here never replaces another machine's
+    default_out = (Path(f"{compare.DEFAULT_OUT}_{compare.user_slug(args.model)}") if user else
                    Path(compare.DEFAULT_OUT_1B if args.synthetic_1b else compare.DEFAULT_OUT)
-                   / compare.host_slug(compare.this_host(cores)))
+                   ) / compare.host_slug(compare.this_host(cores))
     out_dir = Path(args.out or default_out)
     doc = doc or (out_dir / "comparisons.md" if user else Path(compare.DEFAULT_DOC))
     title = args.model if user else None

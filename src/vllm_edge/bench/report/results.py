@@ -450,8 +450,11 @@ def _family(rel: Path, data: dict) -> str:
     """A directory's artifacts are one family (each grid run its own); a top-level file is its
     measurement's family."""
     if len(rel.parts) > 1:
-        # each grid run, and each host's compare run, is a family of its own
-        return "/".join(rel.parts[:2]) if rel.parts[0] in ("grid", "compare", "compare_1b") else rel.parts[0]
+        # each grid run, and each host's compare run (a model's own compare folder holds one
+        # directory per host, named by its slug), is a family of its own
+        per_host = rel.parts[0].startswith("compare_") and len(rel.parts) > 2 and rel.parts[1].endswith("-cores")
+        return "/".join(rel.parts[:2]) if rel.parts[0] in ("grid", "compare", "compare_1b") or per_host \
+            else rel.parts[0]
     kind = data.get("benchmark") or data.get("kind") or data.get("bench")
     if kind:
         return str(kind)

@@ -218,7 +218,9 @@ _declare(
     "VLLM_EDGE_LOWBIT", "bool", True,
     "cpu_int8: at load, repack a linear whose codes fit 5 or 6 bits (a GGUF's Q5_0, Q5_1, Q5_K "
     "and Q6_K) into the packed layout of quant/lowbit.py, read by the AVX512-BF16 product of "
-    "quant/csrc/lowbit_gemv.c; 0 keeps every layer's row-major int8 codes. Read once per process.",
+    "quant/csrc/lowbit_gemv.c; 0 keeps every layer's row-major int8 codes. It changes the "
+    "compiled graph and is not part of vLLM's compile-cache key: flip it with a fresh "
+    "VLLM_CACHE_ROOT. Read once per process.",
     "On: the same values (lossless), about the file's bits per weight read instead of 8; the "
     "same-file comparisons with llama.cpp (docs/guide/models.md) ran it. Where the CPU lacks "
     "AVX512-BF16, VBMI or BW it has no effect.",

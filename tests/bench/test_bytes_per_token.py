@@ -212,3 +212,21 @@ def test_the_default_builds_match_the_hand_count(default_model_dir, default_int4
     """The real checkpoints (bf16, and cpu_int4 at the default group), prepared by the fixtures."""
     assert bpt.account_dir(default_model_dir).weight_bytes_per_token == BF16_TOTAL
     assert bpt.account_dir(default_int4_dir).weight_bytes_per_token == INT4_G32_TOTAL
+
+
+def test_a_gguf_repacks_int8_modules_count_at_the_bits_decode_reads():
+    """A cpu_int8 module (a GGUF's Q5_0 codes in 8 bits on disk) counts as stored, or at the
+    bits its repack report gives where this CPU packs it (quant/lowbit.py): 5 bits of code and
+    an fp16 scale per 32 for Q5_0, against 8 bits, a scale and an offset on disk."""
+    n, k = 576, 576
+    specs = {"model.embed_tokens.weight": TensorSpec("BF16", (49152, 576)),
+             "model.norm.weight": TensorSpec("BF16", (576,)),
+             "model.layers.0.self_attn.o_proj.weight_int8": TensorSpec("I8", (n, k)),
+             "model.layers.0.self_attn.o_proj.weight_scale": TensorSpec("F16", (n, k // 32)),
+             "model.layers.0.self_attn.o_proj.weight_zero": TensorSpec("F16", (n, k // 32))}
+    cfg = dict(SMOL, num_hidden_layers=1, quantization_config={"quant_method": "cpu_int4", "group_size": 32})
+    stored = bpt.account(cfg, specs)
+    packed = bpt.account(cfg, specs, int8_bits={"model.layers.0.self_attn.o_proj": 5.5})
+    assert stored.linear_bytes == n * k + 2 * 2 * n * k // 32 and stored.linear_params == n * k
+    assert packed.linear_bytes == n * k * 5.5 / 8
+    assert packed.bits_per_weight()["linears"] == 5.5

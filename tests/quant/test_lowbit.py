@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_edge.quant import int8, int8_ops, lowbit
+from vllm_edge.quant import int8, int8_ops, lowbit, lowbit_op
 
 needs_kernel = pytest.mark.skipif(not lowbit.supported(),
                                   reason="the packed product needs AVX512-BF16, VBMI and BW")
@@ -166,3 +166,19 @@ def test_the_switch_keeps_int8(vllm_dist, monkeypatch):
     finally:
         monkeypatch.delenv("VLLM_EDGE_LOWBIT")
         lowbit.supported.cache_clear()
+
+
+@needs_kernel
+def test_the_cpp_op_gives_the_python_routes_bits():
+    """vllm_edge::lowbit_linear (csrc/lowbit_op.cpp) against the Python custom op it replaces,
+    at decode and prefill row counts, with and without offsets."""
+    if not int8_ops.load_lowbit_op():
+        pytest.skip("the C++ op did not build here: " + lowbit_op.state())
+    for planes, offsets in ((1, False), (2, True)):
+        q, s, z = codes(256, 192, 32, planes, offsets=offsets)
+        p = lowbit.pack(q, s, z, 32)
+        for m in (1, 5, 16, 17, 40):
+            x = torch.randn(2, m, 192).to(torch.bfloat16)
+            got = torch.ops.vllm_edge.lowbit_linear(x, p.nibbles, p.high, p.scale, p.zero, 32, planes)
+            assert got.shape == (2, m, 256)
+            assert torch.equal(got, int8_ops.lowbit_impl(x, p.nibbles, p.high, p.scale, p.zero, 32, planes))

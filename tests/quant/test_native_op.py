@@ -195,7 +195,7 @@ def test_a_failed_build_keeps_the_python_op(native_op_loaded, vllm_dist, monkeyp
         raise subprocess.CalledProcessError(1, [cxx], stderr="int4_op.cpp:1: error: no torch headers")
 
     monkeypatch.setattr(native_op, "cached_path", lambda cc, cxx: tmp_path / "int4op-x.so")
-    monkeypatch.setattr(native_op, "_build", fail)
+    monkeypatch.setattr(native_op, "build", fail)
     with caplog.at_level(logging.WARNING, logger="vllm_edge.quant"):
         layer, ref = _layer(960, 576, 32)
     assert layer.cpu_int4_native_op is False
@@ -207,7 +207,7 @@ def test_a_failed_build_keeps_the_python_op(native_op_loaded, vllm_dist, monkeyp
 
 
 def test_no_compiler_keeps_the_python_op(native_op_loaded, vllm_dist, monkeypatch, fresh_load):
-    monkeypatch.setattr(native_op, "_cxx_compiler", lambda: None)
+    monkeypatch.setattr(native_op, "cxx_compiler", lambda: None)
     layer, _ = _layer(960, 576, 32)
     assert layer.cpu_int4_native_op is False
     assert native_op.state() == "unavailable: no C and C++ compiler found"
@@ -215,14 +215,14 @@ def test_no_compiler_keeps_the_python_op(native_op_loaded, vllm_dist, monkeypatc
 
 def test_without_the_product_nothing_is_built(vllm_dist, monkeypatch, fresh_load):
     monkeypatch.setattr(native, "gemv_supported", lambda: False)
-    monkeypatch.setattr(native_op, "_build", lambda *a: pytest.fail("built without a product to call"))
+    monkeypatch.setattr(native_op, "build", lambda *a: pytest.fail("built without a product to call"))
     layer, _ = _layer(960, 576, 32)
     assert layer.cpu_int4_native_op is False
     assert native_op.state() == "not used: the native product does not run here"
 
 
 def test_the_cache_key_follows_torch_and_the_flags(monkeypatch):
-    cc, cxx = native._compiler(), native_op._cxx_compiler()
+    cc, cxx = native._compiler(), native_op.cxx_compiler()
     if cc is None or cxx is None:
         pytest.skip("no compiler")
     base = native_op.cached_path(cc, cxx)

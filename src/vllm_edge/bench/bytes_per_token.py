@@ -8,6 +8,9 @@ engine really runs:
   row) and the bf16 (scale, zero) pairs at the *kernel* group size, which is smaller than
   the checkpoint's when K is not a multiple of it (:func:`vllm_edge.quant.pack.kernel_group`
   duplicates scales then); a shape tinygemm refuses runs from the checkpoint layout;
+* a ``cpu_int8`` linear of a GGUF repack is counted at the bits its repack report says decode
+  reads where this CPU runs the packed 5/6-bit product (:mod:`vllm_edge.quant.lowbit`), else as
+  stored;
 * other quantized formats (GPTQ) are counted as stored: their runtime repacking is
   vLLM's, and we do not model it (the result says so);
 * the output head is read in full every token, *including when it is tied to the
@@ -42,6 +45,7 @@ ENGINE_DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "half": 2, "fp16":
                       "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 CPU_INT4_PARTS = ("weight_packed", "weight_scale", "weight_zero")
 GPTQ_PARTS = ("qweight", "qzeros", "scales", "g_idx")
+INT8_PARTS = ("weight_int8", "weight_scale", "weight_zero")
 
 
 class AccountingError(EdgeError, ValueError):
@@ -186,8 +190,11 @@ def _extra_bytes(parts: Mapping[str, TensorSpec], known: tuple[str, ...], fbytes
 
 
 def account(config: Mapping, specs: Mapping[str, TensorSpec], dtype: str = "bfloat16",
-            kv_dtype: str | None = None, model: str = "") -> Accounting:
-    """Bytes per decoded token of the checkpoint described by ``config`` and ``specs``."""
+            kv_dtype: str | None = None, model: str = "",
+            int8_bits: Mapping[str, float] | None = None) -> Accounting:
+    """Bytes per decoded token of the checkpoint described by ``config`` and ``specs``.
+    ``int8_bits``: module -> bits per weight decode reads for a ``cpu_int8`` module (codes,
+    scales and offsets), where known; the others are counted as stored."""
     where = model or "checkpoint"
     if dtype not in ENGINE_DTYPE_BYTES:
         raise AccountingError(f"unknown engine dtype {dtype!r}; known: {sorted(ENGINE_DTYPE_BYTES)}")
@@ -214,6 +221,11 @@ def account(config: Mapping, specs: Mapping[str, TensorSpec], dtype: str = "bflo
         if method == CPU_INT4 and "weight_packed" in parts:
             b, n = _cpu_int4_runtime_bytes(parts, group, base)
             return b + _extra_bytes(parts, CPU_INT4_PARTS, fbytes), n
+        if "weight_int8" in parts:
+            n = parts["weight_int8"].numel
+            if int8_bits and base in int8_bits:
+                return int(round(int8_bits[base] * n / 8)) + _extra_bytes(parts, INT8_PARTS, fbytes), n
+            return sum(s.nbytes for s in parts.values()), n
         if any(p in parts for p in GPTQ_PARTS) and "qweight" in parts:
             q = parts["qweight"]  # int32 [K/8, N] -> K*N weights
             return sum(s.nbytes for s in parts.values()), q.shape[0] * 8 * q.shape[1]
@@ -274,7 +286,33 @@ def account_dir(model_dir: str | os.PathLike, dtype: str = "bfloat16",
         raise AccountingError(f"{cfg_path}: no such file") from None
     except json.JSONDecodeError as exc:
         raise AccountingError(f"{cfg_path}: not valid JSON ({exc})") from None
-    return account(config, read_specs(d), dtype=dtype, kv_dtype=kv_dtype, model=str(d))
+    int8_bits = _packed_bits(d)
+    acc = account(config, read_specs(d), dtype=dtype, kv_dtype=kv_dtype, model=str(d),
+                  int8_bits=int8_bits)
+    if int8_bits:
+        acc.notes.append("cpu_int8 modules at the bits decode reads with their 5- and 6-bit codes "
+                         "packed on this CPU (repack_report.json, runtime_bits_per_weight)")
+    return acc
+
+
+def _packed_bits(d: Path) -> dict[str, float] | None:
+    """A GGUF repack's per-module runtime bits, where this CPU packs cpu_int8 codes at load."""
+    from vllm_edge.models.gguf_repack import REPORT_NAME
+
+    try:
+        report = json.loads((d / REPORT_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    tensors = report.get("tensors") if isinstance(report, dict) else None
+    if not tensors:
+        return None
+    from vllm_edge.quant import lowbit
+
+    if not lowbit.supported():
+        return None
+    return {e["name"][: -len(".weight")]: float(e["runtime_bits_per_weight"]) for e in tensors
+            if e.get("route") == "repack8" and "runtime_bits_per_weight" in e
+            and str(e.get("name", "")).endswith(".weight")}
 
 
 def mean_context(prompt_tokens: int, tg_tokens: int) -> float:

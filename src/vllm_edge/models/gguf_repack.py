@@ -261,7 +261,8 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
         entry["bits_per_weight"] = round(bits / (n * k), 4)
         # what decode reads where cpu_int8's 5/6-bit codes are packed at load (quant/lowbit.py)
         runtime = (lowbit.runtime_bits(parts["weight_int8"], parts["weight_scale"], parts["weight_zero"],
-                                       entry["group"]) if route == "repack8" else bits)
+                                       entry["group"], packable=base != "model.embed_tokens")
+                   if route == "repack8" else bits)
         entry["runtime_bits_per_weight"] = round(runtime / (n * k), 4)
         entry["gguf_bits_per_weight"] = round(t.n_bytes * 8 / (n * k), 4)
         report.append(entry)

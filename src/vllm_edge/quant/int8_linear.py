@@ -131,6 +131,7 @@ class Int8WeightsMixin:
             else:
                 layer.register_parameter(name, Parameter(t, requires_grad=False))
         layer.cpu_int8_planes = packed.planes
+        int8_ops.load_lowbit_op()
         _packed_since_trim[0] += 1
         if _packed_since_trim[0] >= _TRIM_EVERY:
             # each layer frees its int8 codes between the load's long-lived tensors: without a

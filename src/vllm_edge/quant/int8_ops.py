@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from vllm_edge.quant import gemm, int8, lowbit
+from vllm_edge.quant import gemm, int8, lowbit, lowbit_op
 
 OP_NAME = "edge_cpu_int8_linear"
 LOWBIT_OP_NAME = "edge_cpu_int8_lowbit_linear"
@@ -25,6 +25,7 @@ GEMV_ROWS = 16
 
 _lock = threading.Lock()
 _registered = False
+_native_lowbit = False  # set at load (load_lowbit_op): a plain bool, so dynamo specialises on it
 
 
 def linear_impl(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: Optional[torch.Tensor],
@@ -87,6 +88,7 @@ def register() -> None:
 
         direct_register_custom_op(OP_NAME, linear_impl, mutates_args=[], fake_impl=_linear_fake)
         direct_register_custom_op(LOWBIT_OP_NAME, lowbit_impl, mutates_args=[], fake_impl=_lowbit_fake)
+        lowbit_op.define(lowbit_impl)
         direct_register_custom_op(EMBED_OP_NAME, embedding_impl, mutates_args=[],
                                   fake_impl=_embedding_fake)
         _registered = True
@@ -103,11 +105,24 @@ def linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: torch.Te
 def lowbit_linear(x: torch.Tensor, nibbles: torch.Tensor, high: torch.Tensor, scale: torch.Tensor,
                   zero: torch.Tensor | None, group: int, planes: int,
                   bias: torch.Tensor | None = None) -> torch.Tensor:
-    """A linear in :mod:`.lowbit`'s packed layout (``scale`` [K/g, N])."""
+    """A linear in :mod:`.lowbit`'s packed layout (``scale`` [K/g, N]): the C++ op of
+    :mod:`.lowbit_op` where it loaded (bf16), else the Python custom op."""
     if not _registered:
         register()
-    out = getattr(torch.ops.vllm, LOWBIT_OP_NAME)(x, nibbles, high, scale, zero, group, planes)
+    if _native_lowbit and x.dtype == torch.bfloat16:
+        out = torch.ops.vllm_edge.lowbit_linear(x, nibbles, high, scale, zero, group, planes)
+    else:
+        out = getattr(torch.ops.vllm, LOWBIT_OP_NAME)(x, nibbles, high, scale, zero, group, planes)
     return out if bias is None else out + bias
+
+
+def load_lowbit_op() -> bool:
+    """Build and load the packed layers' C++ op once (at weight load, not in a traced call)."""
+    global _native_lowbit
+    if not _registered:
+        register()
+    _native_lowbit = lowbit_op.load(lowbit_impl)
+    return _native_lowbit
 
 
 def embedding(ids: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,

@@ -67,12 +67,14 @@ def planes_for(q: torch.Tensor) -> int | None:
     return next((p for p, off in OFFSETS.items() if -off <= lo and hi < off), None)
 
 
-def runtime_bits(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int) -> int:
+def runtime_bits(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int,
+                 packable: bool = True) -> int:
     """Bits a decode step reads for this cpu_int8 weight where the packed product runs (an
     AVX512-BF16/VBMI/BW CPU): 4 + planes per packable code, else 8; fp16 scales; the offsets
-    only when one is not zero (an all-zero offset is dropped at load)."""
+    only when one is not zero (an all-zero offset is dropped at load). ``packable`` False: a
+    table that is looked up (an input embedding, or a head tied to it) keeps 8-bit codes."""
     n, k = q.shape
-    planes = planes_for(q) if fits(n, k, group) else None
+    planes = planes_for(q) if packable and fits(n, k, group) else None
     code_bits = 4 + planes if planes else 8
     groups = n * (k // group)
     return n * k * code_bits + groups * 16 * (1 + int(zero is not None and bool(zero.any())))

@@ -75,7 +75,7 @@ def _fake(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
     return x.new_empty((*x.shape[:-1], scales_zeros.shape[1]))
 
 
-def _cxx_compiler() -> str | None:
+def cxx_compiler() -> str | None:
     return shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
 
 
@@ -87,33 +87,35 @@ def _torch_lib() -> Path:
     return Path(torch.__file__).parent / "lib"
 
 
-def cached_path(cc: str, cxx: str) -> Path:
-    """Where the library for these compilers, this torch and this CPU lives."""
+def cached_path(cc: str, cxx: str, c_source: Path = C_SOURCE, cxx_source: Path = CXX_SOURCE,
+                stem: str = "int4op") -> Path:
+    """Where the library of these sources, for these compilers, this torch and this CPU lives."""
     from vllm_edge import envs
 
-    parts = [C_SOURCE.read_text(), CXX_SOURCE.read_text(), cc, native.compiler_version(cc), cxx,
+    parts = [c_source.read_text(), cxx_source.read_text(), cc, native.compiler_version(cc), cxx,
              native.compiler_version(cxx),
              *FLAGS, _abi(), torch.__version__, platform.machine(), native._cpu_flags()]
     key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
-    return envs.home() / "kernels" / f"int4op-{key}.so"
+    return envs.home() / "kernels" / f"{stem}-{key}.so"
 
 
-def _build(cc: str, cxx: str, out: Path) -> None:
+def build(cc: str, cxx: str, out: Path, c_source: Path = C_SOURCE, cxx_source: Path = CXX_SOURCE) -> None:
+    """``c_source`` compiled as C and linked with ``cxx_source`` against torch into ``out``."""
     from torch.utils.cpp_extension import include_paths
 
     from vllm_edge.common import atomic
 
-    with tempfile.TemporaryDirectory(prefix="vllm-edge-int4op-") as tmp_dir, atomic.file_path(out) as tmp:
-        obj = Path(tmp_dir) / "int4_gemv.o"
+    with tempfile.TemporaryDirectory(prefix="vllm-edge-op-") as tmp_dir, atomic.file_path(out) as tmp:
+        obj = Path(tmp_dir) / (c_source.stem + ".o")
         run = functools.partial(subprocess.run, check=True, capture_output=True, text=True,
                                 timeout=BUILD_TIMEOUT_S)
-        run([cc, *FLAGS, "-fPIC", "-c", str(C_SOURCE), "-o", str(obj)])  # as C, not C++
+        run([cc, *FLAGS, "-fPIC", "-c", str(c_source), "-o", str(obj)])  # as C, not C++
         run([cxx, *FLAGS, "-shared", "-fPIC", "-std=c++20", _abi(),
-             *(f"-I{p}" for p in include_paths()), str(CXX_SOURCE), str(obj),
+             *(f"-I{p}" for p in include_paths()), str(cxx_source), str(obj),
              f"-L{_torch_lib()}", "-lc10", "-ltorch_cpu", "-ltorch", "-o", str(tmp)])
 
 
-def _note(msg: str, *args) -> None:
+def note(msg: str, *args) -> None:
     """A progress note: the log where it is shown (vLLM processes), else stderr."""
     if logger.isEnabledFor(logging.INFO) and logger.hasHandlers():
         logger.info(msg, *args)
@@ -142,7 +144,7 @@ def _unavailable() -> str | None:
         return "off (VLLM_EDGE_INT4_NATIVE_OP=0)"
     if not native.gemv_supported():
         return "not used: the native product does not run here"
-    if native._compiler() is None or _cxx_compiler() is None:
+    if native._compiler() is None or cxx_compiler() is None:
         return "unavailable: no C and C++ compiler found"
     return None
 
@@ -158,15 +160,15 @@ def load() -> bool:
         if why.startswith("unavailable"):
             logger.warning("cpu_int4: %s; linears keep the Python op (correct, slower)", why)
         return False
-    cc, cxx = native._compiler(), _cxx_compiler()
+    cc, cxx = native._compiler(), cxx_compiler()
     path = cached_path(cc, cxx)
     try:
         if not path.exists():
-            _note("cpu_int4: building the native op (quant/csrc/int4_op.cpp) once for this "
+            note("cpu_int4: building the native op (quant/csrc/int4_op.cpp) once for this "
                   "torch and CPU; this takes tens of seconds")
             start = time.monotonic()
-            _build(cc, cxx, path)
-            _note("cpu_int4: built %s in %.0f s", path, time.monotonic() - start)
+            build(cc, cxx, path)
+            note("cpu_int4: built %s in %.0f s", path, time.monotonic() - start)
         torch.ops.load_library(str(path))
         _probe()
     except (OSError, subprocess.SubprocessError, RuntimeError, EdgeError) as exc:  # EdgeError: cache not writable
@@ -186,7 +188,7 @@ def state() -> str:
     why = _unavailable()
     if why is not None:
         return why
-    path = cached_path(native._compiler(), _cxx_compiler())
+    path = cached_path(native._compiler(), cxx_compiler())
     if path.exists():
         return f"built ({path}); loaded when a cpu_int4 model loads"
     return "not built yet: built when a cpu_int4 model first loads (tens of seconds)"

@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import subprocess
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from vllm_edge.common.errors import EdgeError
 from vllm_edge.quant import lowbit, native, native_op
 
 logger = logging.getLogger("vllm_edge.quant")
@@ -94,23 +91,12 @@ def load(fallback: Callable[..., torch.Tensor]) -> bool:
         return False
     cc, cxx = native._compiler(), native_op.cxx_compiler()
     path = native_op.cached_path(cc, cxx, C_SOURCE, CXX_SOURCE, "lowbitop")
-    try:
-        if not path.exists():
-            native_op.note("cpu_int8: building the packed 5/6-bit op (quant/csrc/lowbit_op.cpp) once "
-                           "for this torch and CPU; this takes tens of seconds")
-            start = time.monotonic()
-            native_op.build(cc, cxx, path, C_SOURCE, CXX_SOURCE)
-            native_op.note("cpu_int8: built %s in %.0f s", path, time.monotonic() - start)
-        torch.ops.load_library(str(path))
-        _probe(fallback)
-    except (OSError, subprocess.SubprocessError, RuntimeError, EdgeError) as exc:
-        err = (getattr(exc, "stderr", "") or str(exc)).strip()
-        _state = f"failed: {err[-300:]}"
-        logger.warning("cpu_int8: the packed op (%s) cannot be used (%s); packed layers keep the "
-                       "Python op (correct, slower)", path.name, err[-600:])
-        return False
-    _state = f"loaded ({path})"
-    return True
+    err = native_op.build_load_probe(
+        "cpu_int8: the packed 5/6-bit op (quant/csrc/lowbit_op.cpp)", path,
+        lambda: native_op.build(cc, cxx, path, C_SOURCE, CXX_SOURCE), lambda: _probe(fallback),
+        "packed layers keep the Python op")
+    _state = f"failed: {err[-300:]}" if err else f"loaded ({path})"
+    return err is None
 
 
 def state() -> str:

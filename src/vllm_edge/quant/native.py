@@ -101,6 +101,11 @@ def _build(cc: str, flags: list[str], sources: tuple[Path, ...], out: Path) -> N
                        check=True, capture_output=True, text=True, timeout=120)
 
 
+def headers_text(sources: tuple[Path, ...] | list[Path]) -> list[str]:
+    """The headers beside ``sources`` (csrc/*.h), which they may include: part of every cache key."""
+    return [h.read_text() for h in sorted({h for src in sources for h in src.parent.glob("*.h")})]
+
+
 def build_and_load(stem: str, sources: tuple[Path, ...],
                    flag_sets: tuple[list[str], ...] | list[list[str]] = _FLAG_SETS
                    ) -> tuple[ctypes.CDLL | None, list[str]]:
@@ -116,8 +121,8 @@ def build_and_load(stem: str, sources: tuple[Path, ...],
     version = [v] if (v := compiler_version(cc)) else []
     errors = []
     for flags in flag_sets:
-        key = hashlib.sha256("\n".join([*(src.read_text() for src in sources), cc, *version, *flags,
-                                        platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
+        key = hashlib.sha256("\n".join([*(src.read_text() for src in sources), *headers_text(sources), cc,
+                                        *version, *flags, platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
         path = envs.home() / "kernels" / f"{stem}-{key}.so"
         try:
             if not path.exists():

@@ -92,7 +92,8 @@ def cached_path(cc: str, cxx: str, c_source: Path = C_SOURCE, cxx_source: Path =
     """Where the library of these sources, for these compilers, this torch and this CPU lives."""
     from vllm_edge import envs
 
-    parts = [c_source.read_text(), cxx_source.read_text(), cc, native.compiler_version(cc), cxx,
+    parts = [c_source.read_text(), cxx_source.read_text(), *native.headers_text([c_source]), cc,
+             native.compiler_version(cc), cxx,
              native.compiler_version(cxx),
              *FLAGS, _abi(), torch.__version__, platform.machine(), native._cpu_flags()]
     key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
@@ -162,23 +163,30 @@ def load() -> bool:
         return False
     cc, cxx = native._compiler(), cxx_compiler()
     path = cached_path(cc, cxx)
+    err = build_load_probe("cpu_int4: the native op (quant/csrc/int4_op.cpp)", path,
+                           lambda: build(cc, cxx, path), _probe, "linears keep the Python op")
+    _state = f"failed: {err[-300:]}" if err else f"loaded ({path})"
+    return err is None
+
+
+def build_load_probe(what: str, path: Path, make: Callable[[], None], probe: Callable[[], None],
+                     fallback: str) -> str | None:
+    """``make`` the library at ``path`` if it is missing (first use, tens of seconds), load it
+    and ``probe`` it; None when it runs, else the error, logged once with what ``fallback`` is."""
     try:
         if not path.exists():
-            note("cpu_int4: building the native op (quant/csrc/int4_op.cpp) once for this "
-                  "torch and CPU; this takes tens of seconds")
+            note("%s: building it once for this torch and CPU; this takes tens of seconds", what)
             start = time.monotonic()
-            build(cc, cxx, path)
-            note("cpu_int4: built %s in %.0f s", path, time.monotonic() - start)
+            make()
+            note("%s: built %s in %.0f s", what, path, time.monotonic() - start)
         torch.ops.load_library(str(path))
-        _probe()
+        probe()
     except (OSError, subprocess.SubprocessError, RuntimeError, EdgeError) as exc:  # EdgeError: cache not writable
         err = (getattr(exc, "stderr", "") or str(exc)).strip()
-        _state = f"failed: {err[-300:]}"
-        logger.warning("cpu_int4: the native op (%s) cannot be used (%s); linears keep the "
-                       "Python op (correct, slower)", path.name, err[-600:])
-        return False
-    _state = f"loaded ({path})"
-    return True
+        logger.warning("%s (%s) cannot be used (%s); %s (correct, slower)", what, path.name, err[-600:],
+                       fallback)
+        return err
+    return None
 
 
 def state() -> str:

@@ -24,6 +24,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "edge_bf16.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -57,27 +59,11 @@ static inline float group_sum(const uint16_t* v, int64_t kg) {
   return _mm512_reduce_add_ps(_mm512_add_ps(a, b));
 }
 
-/* Byte-permute indices for the two halves of a block's 64-byte load: word 2j = byte j (row
-   j at k), word 2j+1 = byte 32+j (row j at k+1); the odd bytes are zeroed by the mask. */
-static inline void pair_indices(__m512i* pick0, __m512i* pick1) {
-  uint8_t idx[2][64] __attribute__((aligned(64)));
-  for (int h = 0; h < 2; h++)
-    for (int j = 0; j < 16; j++) {
-      idx[h][4 * j] = (uint8_t)(16 * h + j); idx[h][4 * j + 1] = 0;
-      idx[h][4 * j + 2] = (uint8_t)(32 + 16 * h + j); idx[h][4 * j + 3] = 0;
-    }
-  *pick0 = _mm512_load_si512((const void*)idx[0]);
-  *pick1 = _mm512_load_si512((const void*)idx[1]);
-}
-
 /* Block b (64 output rows) for M rows of X (M <= GEMV_MAX_M); sx[m * groups + g] = sum of
-   group g of x_m; pick0/pick1 from pair_indices(). */
+   group g of x_m; pick0/pick1 from edge_pair_indices(). */
 static inline __attribute__((always_inline)) void gemv_block_m(
     const uint8_t* packed, const uint16_t* sz, const uint16_t* x, const float* sx, uint16_t* y,
     int64_t n, int64_t k, int64_t kg, int64_t b, const int M, const __m512i pick0, const __m512i pick1) {
-  const __mmask64 even = 0x5555555555555555ull;
-  const __m512i nib = _mm512_set1_epi16(0x000F);
-  const __m512i bias = _mm512_set1_epi16(0x4300);
   const __m512i hi16 = _mm512_set1_epi32((int)0xFFFF0000u);
   const int64_t groups = k / kg;
   const uint8_t* pb = packed + b * k * 32;
@@ -89,14 +75,9 @@ static inline __attribute__((always_inline)) void gemv_block_m(
     for (int m = 0; m < M; m++)
       for (int i = 0; i < 4; i++) acc[m][i] = _mm512_setzero_ps();
     for (int64_t kk = g * kg; kk < (g + 1) * kg; kk += 2) {
-      __m512i v = _mm512_loadu_si512((const void*)(pb + kk * 32));
-      __m512i w0 = _mm512_maskz_permutexvar_epi8(even, pick0, v);
-      __m512i w1 = _mm512_maskz_permutexvar_epi8(even, pick1, v);
-      /* (w & 0xF) | 0x4300 in one ternary-logic op: A=w, B=nib, C=bias -> (A & B) | C = 0xEA */
-      __m512bh a0 = (__m512bh)_mm512_ternarylogic_epi32(w0, nib, bias, 0xEA);
-      __m512bh a1 = (__m512bh)_mm512_ternarylogic_epi32(w1, nib, bias, 0xEA);
-      __m512bh a2 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(w0, 4), bias);
-      __m512bh a3 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(w1, 4), bias);
+      __m512i a[4];
+      edge_nibble_words(pb + kk * 32, pick0, pick1, a);
+      const __m512bh a0 = (__m512bh)a[0], a1 = (__m512bh)a[1], a2 = (__m512bh)a[2], a3 = (__m512bh)a[3];
       for (int m = 0; m < M; m++) {
         /* the x pair as an embedded {1to16} broadcast operand: no separate broadcast op */
         const uint32_t* xp = (const uint32_t*)(x + m * k + kk);
@@ -120,13 +101,7 @@ static inline __attribute__((always_inline)) void gemv_block_m(
     }
   }
   for (int m = 0; m < M; m++)
-    for (int i = 0; i < 4; i++) {
-      /* round to nearest even bf16 */
-      __m512i u = _mm512_castps_si512(out[m][i]);
-      u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
-                                               _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
-      _mm256_storeu_si256((__m256i*)(y + m * n + b * 64 + i * 16), _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
-    }
+    for (int i = 0; i < 4; i++) edge_store_bf16x16(y + m * n + b * 64 + i * 16, out[m][i]);
 }
 #endif
 
@@ -143,7 +118,7 @@ int edge_int4_gemv(const uint8_t* packed, const uint16_t* sz, const uint16_t* x,
   float* sx = (float*)malloc(sizeof(float) * M * groups);
   if (!sx) return -1;
   __m512i pick0, pick1;
-  pair_indices(&pick0, &pick1);
+  edge_pair_indices(&pick0, &pick1);
 #pragma omp parallel num_threads((int)(threads < 1 ? 1 : threads))
   {
     /* group sums of x, split over the team (one thread took ~8 % of a 512-row SmolLM2 layer) */

@@ -19,6 +19,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "edge_bf16.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -44,22 +46,6 @@ int edge_int4_gemv32_openmp(void) {
 }
 
 #ifdef EDGE_GEMV32
-static inline float bf2f(uint16_t b) {
-  uint32_t bits = (uint32_t)b << 16;
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-}
-
-static inline uint16_t f2bf(float f) {
-  uint32_t bits;
-  memcpy(&bits, &f, 4);
-  if ((bits & 0x7F800000u) == 0x7F800000u && (bits & 0x7FFFFFu))
-    return (uint16_t)((bits >> 16) | 0x40); /* NaN stays NaN */
-  bits += 0x7FFFu + ((bits >> 16) & 1u);    /* round to nearest, ties to even */
-  return (uint16_t)(bits >> 16);
-}
-
 /* the four 8-row vectors of one k-step's 16 bytes: rows 0-7, 8-15 (low nibbles), 16-23,
    24-31 (high nibbles), as fp32 */
 #define EDGE_WIDEN(v, w0, w1, w2, w3)                                                        \
@@ -88,7 +74,7 @@ static inline void group_epilogue(const uint16_t* szr, const __m256 e[4], const 
 static inline void store_bf16(const __m256 out[4], uint16_t* y) {
   float tmp[32];
   for (int i = 0; i < 4; i++) _mm256_storeu_ps(tmp + 8 * i, out[i]);
-  for (int r = 0; r < 32; r++) y[r] = f2bf(tmp[r]);
+  for (int r = 0; r < 32; r++) y[r] = edge_f2bf(tmp[r]);
 }
 
 /* Block b (32 output rows) for one row of X (xf in fp32, sx its group sums): each k-step
@@ -183,7 +169,7 @@ int edge_int4_gemv32(const uint8_t* packed, const uint16_t* sz, const uint16_t* 
   for (int64_t m = 0; m < M; m++)
     for (int64_t g = 0; g < groups; g++) {
       float t = 0.f;
-      for (int64_t j = g * kg; j < (g + 1) * kg; j++) t += (xf[m * k + j] = bf2f(x[m * k + j]));
+      for (int64_t j = g * kg; j < (g + 1) * kg; j++) t += (xf[m * k + j] = edge_bf2f(x[m * k + j]));
       sx[m * groups + g] = t;
     }
   (void)threads;

@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "edge_bf16.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -26,40 +28,8 @@ static inline float h2f(uint16_t h) {
 #if defined(__F16C__)
     return _cvtsh_ss(h);
 #else
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else {  /* subnormal: normalise */
-            exp = 127 - 15 + 1;
-            while (!(man & 0x400)) { man <<= 1; exp--; }
-            bits = sign | (exp << 23) | ((man & 0x3FF) << 13);
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7F800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
+    return edge_h2f_soft(h);
 #endif
-}
-
-static inline float bf2f(uint16_t b) {
-    uint32_t bits = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static inline uint16_t f2bf(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    if ((bits & 0x7F800000u) == 0x7F800000u && (bits & 0x7FFFFFu))
-        return (uint16_t)((bits >> 16) | 0x40);  /* NaN stays NaN */
-    bits += 0x7FFFu + ((bits >> 16) & 1u);  /* round to nearest, ties to even */
-    return (uint16_t)(bits >> 16);
 }
 
 int edge_int8_openmp(void) {
@@ -232,7 +202,7 @@ int edge_int8_gemv(const int8_t *q, const uint16_t *s, const uint16_t *z, const 
     float *xf = malloc(sizeof(float) * (size_t)(m * k));
     float *xs = malloc(sizeof(float) * (size_t)(m * ng));
     if (!xf || !xs) { free(xf); free(xs); return 1; }
-    for (int64_t i = 0; i < m * k; i++) xf[i] = bf2f(x[i]);
+    for (int64_t i = 0; i < m * k; i++) xf[i] = edge_bf2f(x[i]);
     for (int64_t i = 0; i < m; i++)
         for (int64_t gi = 0; gi < ng; gi++) {
             const float *xp = xf + i * k + gi * g;
@@ -251,7 +221,7 @@ int edge_int8_gemv(const int8_t *q, const uint16_t *s, const uint16_t *z, const 
             const int64_t mm = m - m0 < ROWS ? m - m0 : ROWS;
             float tot[ROWS];
             row_dot(qr, sr, zr, xf + m0 * k, xs + m0 * ng, tot, mm, k, g);
-            for (int64_t i = 0; i < mm; i++) y[(m0 + i) * n + r] = f2bf(tot[i]);
+            for (int64_t i = 0; i < mm; i++) y[(m0 + i) * n + r] = edge_f2bf(tot[i]);
         }
     }
     free(xf);
@@ -263,7 +233,7 @@ static void dequant_row(const int8_t *qr, const uint16_t *sr, const uint16_t *zr
                         int64_t k, int64_t g) {
     for (int64_t gi = 0; gi < k / g; gi++) {
         const float sc = h2f(sr[gi]), zc = zr ? h2f(zr[gi]) : 0.f;
-        for (int64_t j = 0; j < g; j++) out[gi * g + j] = f2bf((float)qr[gi * g + j] * sc + zc);
+        for (int64_t j = 0; j < g; j++) out[gi * g + j] = edge_f2bf((float)qr[gi * g + j] * sc + zc);
     }
 }
 

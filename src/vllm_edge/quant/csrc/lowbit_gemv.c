@@ -23,8 +23,10 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+#include "edge_bf16.h"
+
 #if defined(__AVX512BF16__) && defined(__AVX512VBMI__) && defined(__AVX512BW__)
-#include <immintrin.h>
 #define EDGE_LOWBIT 1
 #endif
 
@@ -46,36 +48,13 @@ int edge_lowbit_openmp(void) {
 #endif
 }
 
-static inline float h2f_portable(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
-  if (exp == 0) {
-    if (man == 0) {
-      bits = sign;
-    } else {
-      exp = 127 - 15 + 1;
-      while (!(man & 0x400)) { man <<= 1; exp--; }
-      bits = sign | (exp << 23) | ((man & 0x3FF) << 13);
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7F800000u | (man << 13);
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-  }
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-}
-
-static inline uint16_t f2bf(float f) {
-  uint32_t bits;
-  memcpy(&bits, &f, 4);
-  if ((bits & 0x7F800000u) == 0x7F800000u && (bits & 0x7FFFFFu))
-    return (uint16_t)((bits >> 16) | 0x40); /* NaN stays NaN */
-  bits += 0x7FFFu + ((bits >> 16) & 1u);    /* round to nearest, ties to even */
-  return (uint16_t)(bits >> 16);
+static int shape_ok(int64_t M, int64_t n, int64_t k, int64_t kg, int64_t planes, int64_t off) {
+  return M >= 1 && n >= 64 && n % 64 == 0 && k >= 32 && k % 32 == 0 && kg >= 16 && kg % 16 == 0 &&
+         k % kg == 0 && (planes == 1 || planes == 2) && off == (16 << (planes - 1));
 }
 
 #ifdef EDGE_LOWBIT
+/* sum of kg (a multiple of 16) bf16 values, in fp32 */
 static inline float group_sum(const uint16_t* v, int64_t kg) {
   __m512 a = _mm512_setzero_ps();
   for (int64_t i = 0; i < kg; i += 16)
@@ -84,25 +63,33 @@ static inline float group_sum(const uint16_t* v, int64_t kg) {
   return _mm512_reduce_add_ps(a);
 }
 
-static inline void pair_indices(__m512i* pick0, __m512i* pick1) {
-  uint8_t idx[2][64] __attribute__((aligned(64)));
-  for (int h = 0; h < 2; h++)
-    for (int j = 0; j < 16; j++) {
-      idx[h][4 * j] = (uint8_t)(16 * h + j); idx[h][4 * j + 1] = 0;
-      idx[h][4 * j + 2] = (uint8_t)(32 + 16 * h + j); idx[h][4 * j + 3] = 0;
-    }
-  *pick0 = _mm512_load_si512((const void*)idx[0]);
-  *pick1 = _mm512_load_si512((const void*)idx[1]);
+/* The four (128 + u) word vectors of k-steps (kk, kk+1) of a block: the nibble words with each
+   high-bit plane added in (16 << plane where its mask bit is set). */
+static inline __attribute__((always_inline)) void lowbit_words(const uint8_t* pb, const uint32_t* hb,
+                                                               int64_t kk, const int planes, __m512i pick0,
+                                                               __m512i pick1, __m512i a[4]) {
+  edge_nibble_words(pb + kk * 32, pick0, pick1, a);
+  const uint32_t* hm = hb + (kk / 2) * planes * 4;
+  const __m512i add16 = _mm512_set1_epi16(16), add32 = _mm512_set1_epi16(32);
+  for (int i = 0; i < 4; i++) a[i] = _mm512_mask_add_epi16(a[i], _cvtu32_mask32(hm[i]), a[i], add16);
+  if (planes == 2)
+    for (int i = 0; i < 4; i++) a[i] = _mm512_mask_add_epi16(a[i], _cvtu32_mask32(hm[4 + i]), a[i], add32);
 }
 
+/* rows 16i..16i+15 of block b in group g: the fp32 scales and c = z - base * s */
+static inline void lowbit_scales(const uint16_t* s, const uint16_t* z, int64_t n, int64_t g, int64_t b, int i,
+                                 float base, __m512* sc, __m512* c) {
+  const int64_t at = g * n + b * 64 + i * 16;
+  *sc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(s + at)));
+  const __m512 zc = z ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(z + at))) : _mm512_setzero_ps();
+  *c = _mm512_fnmadd_ps(_mm512_set1_ps(base), *sc, zc);
+}
+
+/* Block b (64 output rows) for M <= LOWBIT_MAX_M rows of X; sx[m * groups + g] = sum of group g of x_m */
 static inline __attribute__((always_inline)) void lowbit_block_m(
     const uint8_t* nib, const uint32_t* hib, const uint16_t* s, const uint16_t* z, const float base,
     const uint16_t* x, const float* sx, uint16_t* y, int64_t n, int64_t k, int64_t kg, int64_t b,
     const int M, const int planes, const __m512i pick0, const __m512i pick1) {
-  const __mmask64 even = 0x5555555555555555ull;
-  const __m512i low = _mm512_set1_epi16(0x000F);
-  const __m512i bias = _mm512_set1_epi16(0x4300);
-  const __m512i add16 = _mm512_set1_epi16(16), add32 = _mm512_set1_epi16(32);
   const int64_t groups = k / kg;
   const uint8_t* pb = nib + b * k * 32;
   const uint32_t* hb = hib + b * (k / 2) * planes * 4;
@@ -114,21 +101,11 @@ static inline __attribute__((always_inline)) void lowbit_block_m(
     for (int m = 0; m < M; m++)
       for (int i = 0; i < 4; i++) acc[m][i] = _mm512_setzero_ps();
     for (int64_t kk = g * kg; kk < (g + 1) * kg; kk += 2) {
-      const __m512i v = _mm512_loadu_si512((const void*)(pb + kk * 32));
-      const __m512i w0 = _mm512_maskz_permutexvar_epi8(even, pick0, v);
-      const __m512i w1 = _mm512_maskz_permutexvar_epi8(even, pick1, v);
       __m512i a[4];
-      a[0] = _mm512_ternarylogic_epi32(w0, low, bias, 0xEA);
-      a[1] = _mm512_ternarylogic_epi32(w1, low, bias, 0xEA);
-      a[2] = _mm512_or_si512(_mm512_srli_epi16(w0, 4), bias);
-      a[3] = _mm512_or_si512(_mm512_srli_epi16(w1, 4), bias);
-      const uint32_t* hm = hb + (kk / 2) * planes * 4;
-      for (int i = 0; i < 4; i++) a[i] = _mm512_mask_add_epi16(a[i], _cvtu32_mask32(hm[i]), a[i], add16);
-      if (planes == 2)
-        for (int i = 0; i < 4; i++)
-          a[i] = _mm512_mask_add_epi16(a[i], _cvtu32_mask32(hm[4 + i]), a[i], add32);
+      lowbit_words(pb, hb, kk, planes, pick0, pick1, a);
       const __m512bh b0 = (__m512bh)a[0], b1 = (__m512bh)a[1], b2 = (__m512bh)a[2], b3 = (__m512bh)a[3];
       for (int m = 0; m < M; m++) {
+        /* the x pair as an embedded {1to16} broadcast operand, as in int4_gemv.c */
         const uint32_t* xp = (const uint32_t*)(x + m * k + kk);
         __asm__("vdpbf16ps %4%{1to16%}, %5, %0\n\t"
                 "vdpbf16ps %4%{1to16%}, %6, %1\n\t"
@@ -139,21 +116,14 @@ static inline __attribute__((always_inline)) void lowbit_block_m(
       }
     }
     for (int i = 0; i < 4; i++) {
-      const int64_t at = g * n + b * 64 + i * 16;
-      const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(s + at)));
-      const __m512 zc = z ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(z + at))) : _mm512_setzero_ps();
-      const __m512 c = _mm512_fnmadd_ps(_mm512_set1_ps(base), sc, zc);
+      __m512 sc, c;
+      lowbit_scales(s, z, n, g, b, i, base, &sc, &c);
       for (int m = 0; m < M; m++)
         out[m][i] = _mm512_fmadd_ps(c, _mm512_set1_ps(sx[m * groups + g]), _mm512_fmadd_ps(sc, acc[m][i], out[m][i]));
     }
   }
   for (int m = 0; m < M; m++)
-    for (int i = 0; i < 4; i++) {
-      __m512i u = _mm512_castps_si512(out[m][i]);
-      u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
-                                               _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
-      _mm256_storeu_si256((__m256i*)(y + m * n + b * 64 + i * 16), _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
-    }
+    for (int i = 0; i < 4; i++) edge_store_bf16x16(y + m * n + b * 64 + i * 16, out[m][i]);
 }
 
 /* Block b of the weight transposed, as bf16 rows of W^T [K][N]: each k-pair's four vectors of
@@ -162,46 +132,20 @@ static inline __attribute__((always_inline)) void lowbit_block_m(
 static void lowbit_dequant_t_block(const uint8_t* nib, const uint32_t* hib, const uint16_t* s,
                                    const uint16_t* z, float base, uint16_t* outT, int64_t n, int64_t k,
                                    int64_t kg, int64_t b, int planes, __m512i pick0, __m512i pick1) {
-  const __mmask64 even = 0x5555555555555555ull;
-  const __m512i low = _mm512_set1_epi16(0x000F);
-  const __m512i bias = _mm512_set1_epi16(0x4300);
-  const __m512i add16 = _mm512_set1_epi16(16), add32 = _mm512_set1_epi16(32);
   const __m512i hi16 = _mm512_set1_epi32((int)0xFFFF0000u);
   const uint8_t* pb = nib + b * k * 32;
   const uint32_t* hb = hib + b * (k / 2) * planes * 4;
   for (int64_t g = 0; g < k / kg; g++) {
     __m512 sc[4], c[4];
-    for (int i = 0; i < 4; i++) {
-      const int64_t at = g * n + b * 64 + i * 16;
-      sc[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(s + at)));
-      const __m512 zc = z ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(z + at))) : _mm512_setzero_ps();
-      c[i] = _mm512_fnmadd_ps(_mm512_set1_ps(base), sc[i], zc);
-    }
+    for (int i = 0; i < 4; i++) lowbit_scales(s, z, n, g, b, i, base, &sc[i], &c[i]);
     for (int64_t kk = g * kg; kk < (g + 1) * kg; kk += 2) {
-      const __m512i v = _mm512_loadu_si512((const void*)(pb + kk * 32));
-      const __m512i w0 = _mm512_maskz_permutexvar_epi8(even, pick0, v);
-      const __m512i w1 = _mm512_maskz_permutexvar_epi8(even, pick1, v);
       __m512i a[4];
-      a[0] = _mm512_ternarylogic_epi32(w0, low, bias, 0xEA);
-      a[1] = _mm512_ternarylogic_epi32(w1, low, bias, 0xEA);
-      a[2] = _mm512_or_si512(_mm512_srli_epi16(w0, 4), bias);
-      a[3] = _mm512_or_si512(_mm512_srli_epi16(w1, 4), bias);
-      const uint32_t* hm = hb + (kk / 2) * planes * 4;
-      for (int i = 0; i < 4; i++) a[i] = _mm512_mask_add_epi16(a[i], _cvtu32_mask32(hm[i]), a[i], add16);
-      if (planes == 2)
-        for (int i = 0; i < 4; i++)
-          a[i] = _mm512_mask_add_epi16(a[i], _cvtu32_mask32(hm[4 + i]), a[i], add32);
+      lowbit_words(pb, hb, kk, planes, pick0, pick1, a);
       for (int i = 0; i < 4; i++) {
         const __m512 v0 = _mm512_castsi512_ps(_mm512_slli_epi32(a[i], 16));
         const __m512 v1 = _mm512_castsi512_ps(_mm512_and_si512(a[i], hi16));
-        const __m512 f[2] = {_mm512_fmadd_ps(v0, sc[i], c[i]), _mm512_fmadd_ps(v1, sc[i], c[i])};
-        for (int t = 0; t < 2; t++) {
-          __m512i u = _mm512_castps_si512(f[t]);
-          u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
-                                                   _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
-          _mm256_storeu_si256((__m256i*)(outT + (kk + t) * n + b * 64 + i * 16),
-                              _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
-        }
+        edge_store_bf16x16(outT + kk * n + b * 64 + i * 16, _mm512_fmadd_ps(v0, sc[i], c[i]));
+        edge_store_bf16x16(outT + (kk + 1) * n + b * 64 + i * 16, _mm512_fmadd_ps(v1, sc[i], c[i]));
       }
     }
   }
@@ -210,11 +154,6 @@ static void lowbit_dequant_t_block(const uint8_t* nib, const uint32_t* hib, cons
 #define LOWBIT_CASE(MM, PL) \
   lowbit_block_m(nib, hib, s, z, base, xm, sxm, ym, n, k, kg, b, MM, PL, pick0, pick1)
 #endif
-
-static int shape_ok(int64_t M, int64_t n, int64_t k, int64_t kg, int64_t planes, int64_t off) {
-  return M >= 1 && n >= 64 && n % 64 == 0 && k >= 32 && k % 32 == 0 && kg >= 16 && kg % 16 == 0 &&
-         k % kg == 0 && (planes == 1 || planes == 2) && off == (16 << (planes - 1));
-}
 
 /* Y (bf16 [M, N], row stride N) = X (bf16 [M, K]) W^T on `threads` OpenMP threads, each
    64-row block read from memory once for every chunk of 4 rows of X. Returns 0, or -1 if
@@ -229,7 +168,7 @@ int edge_lowbit_gemv(const uint8_t* nib, const uint32_t* hib, const uint16_t* s,
   float* sx = (float*)malloc(sizeof(float) * M * groups);
   if (!sx) return -1;
   __m512i pick0, pick1;
-  pair_indices(&pick0, &pick1);
+  edge_pair_indices(&pick0, &pick1);
 #pragma omp parallel num_threads((int)(threads < 1 ? 1 : threads))
   {
 #pragma omp for schedule(static)
@@ -240,6 +179,7 @@ int edge_lowbit_gemv(const uint8_t* nib, const uint32_t* hib, const uint16_t* s,
 #else
     int64_t t = 0, nt = 1;
 #endif
+    /* (block, chunk of rows) units in block-major order, split evenly over the team */
     const int64_t chunks = (M + LOWBIT_MAX_M - 1) / LOWBIT_MAX_M, units = blocks * chunks;
     const int64_t lo = units * t / nt, hi = units * (t + 1) / nt;
     for (int64_t u = lo; u < hi; u++) {
@@ -274,8 +214,32 @@ int edge_lowbit_gemv(const uint8_t* nib, const uint32_t* hib, const uint16_t* s,
 #endif
 }
 
+/* The weight transposed, W^T as row-major bf16 [K][N], for a bf16 GEMM x @ W^T on prefill:
+   every store is 16 contiguous values. Each value is (128 + u) * s + (z - (128 + off) s) in
+   fp32, which equals (u - off) * s + z up to fp32 rounding, then rounded once to bf16.
+   Returns -1 where the product is unsupported. */
+int edge_lowbit_dequant_t(const uint8_t* nib, const uint32_t* hib, const uint16_t* s, const uint16_t* z,
+                          uint16_t* outT, int64_t n, int64_t k, int64_t kg, int64_t planes, int64_t off,
+                          int64_t threads) {
+#ifdef EDGE_LOWBIT
+  if (!shape_ok(1, n, k, kg, planes, off)) return -1;
+  __m512i pick0, pick1;
+  edge_pair_indices(&pick0, &pick1);
+  const float base = 128.0f + (float)off;
+#pragma omp parallel for schedule(static) num_threads((int)(threads < 1 ? 1 : threads))
+  for (int64_t b = 0; b < n / 64; b++)
+    lowbit_dequant_t_block(nib, hib, s, z, base, outT, n, k, kg, b, (int)planes, pick0, pick1);
+  return 0;
+#else
+  (void)nib; (void)hib; (void)s; (void)z; (void)outT; (void)n; (void)k; (void)kg; (void)planes;
+  (void)off; (void)threads;
+  return -1;
+#endif
+}
+
 /* The whole weight as row-major bf16 [N][K]: w = (u - off) * s + z in fp32, rounded once, the
-   same value cpu_int8's dequantizer gives for the signed code u - off. Portable C. */
+   same value cpu_int8's dequantizer gives for the signed code u - off. Portable C: the
+   reference the tests hold the products to. */
 int edge_lowbit_dequant(const uint8_t* nib, const uint32_t* hib, const uint16_t* s, const uint16_t* z,
                         uint16_t* out, int64_t n, int64_t k, int64_t kg, int64_t planes, int64_t off,
                         int64_t threads) {
@@ -297,32 +261,9 @@ int edge_lowbit_dequant(const uint8_t* nib, const uint32_t* hib, const uint16_t*
       u |= (int)((hm[0] >> bit) & 1u) << 4;
       if (planes == 2) u |= (int)((hm[4] >> bit) & 1u) << 5;
       const int64_t at = (c / kg) * n + r;
-      const float zf = z ? h2f_portable(z[at]) : 0.0f;
-      o[c] = f2bf((float)(u - off) * h2f_portable(s[at]) + zf);
+      const float zf = z ? edge_h2f_soft(z[at]) : 0.0f;
+      o[c] = edge_f2bf((float)(u - off) * edge_h2f_soft(s[at]) + zf);
     }
   }
   return 0;
-}
-
-/* The weight transposed, W^T as row-major bf16 [K][N], for a bf16 GEMM x @ W^T on prefill:
-   every store is 16 contiguous values. Each value is (128 + u) * s + (z - (128 + off) s) in
-   fp32, which equals (u - off) * s + z up to fp32 rounding, then rounded once to bf16.
-   Returns -1 where the product is unsupported. */
-int edge_lowbit_dequant_t(const uint8_t* nib, const uint32_t* hib, const uint16_t* s, const uint16_t* z,
-                          uint16_t* outT, int64_t n, int64_t k, int64_t kg, int64_t planes, int64_t off,
-                          int64_t threads) {
-#ifdef EDGE_LOWBIT
-  if (!shape_ok(1, n, k, kg, planes, off)) return -1;
-  __m512i pick0, pick1;
-  pair_indices(&pick0, &pick1);
-  const float base = 128.0f + (float)off;
-#pragma omp parallel for schedule(static) num_threads((int)(threads < 1 ? 1 : threads))
-  for (int64_t b = 0; b < n / 64; b++)
-    lowbit_dequant_t_block(nib, hib, s, z, base, outT, n, k, kg, b, (int)planes, pick0, pick1);
-  return 0;
-#else
-  (void)nib; (void)hib; (void)s; (void)z; (void)outT; (void)n; (void)k; (void)kg; (void)planes;
-  (void)off; (void)threads;
-  return -1;
-#endif
 }

@@ -1,0 +1,88 @@
+/* Scalar conversions and the AVX-512 nibble-pair decode shared by the kernels in this folder.
+ * Static inline, so each kernel library is still one translation unit per source; the native
+ * build caches key on this header's text too (quant/native.py). */
+#ifndef EDGE_BF16_H
+#define EDGE_BF16_H
+#include <stdint.h>
+#include <string.h>
+
+static inline float edge_bf2f(uint16_t b) {
+  uint32_t bits = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+static inline uint16_t edge_f2bf(float f) {
+  uint32_t bits;
+  memcpy(&bits, &f, 4);
+  if ((bits & 0x7F800000u) == 0x7F800000u && (bits & 0x7FFFFFu))
+    return (uint16_t)((bits >> 16) | 0x40); /* NaN stays NaN */
+  bits += 0x7FFFu + ((bits >> 16) & 1u);    /* round to nearest, ties to even */
+  return (uint16_t)(bits >> 16);
+}
+
+/* fp16 -> fp32 without F16C (subnormals normalised, inf and NaN kept) */
+static inline float edge_h2f_soft(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {
+      exp = 127 - 15 + 1;
+      while (!(man & 0x400)) { man <<= 1; exp--; }
+      bits = sign | (exp << 23) | ((man & 0x3FF) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7F800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+#if defined(__AVX512BF16__) && defined(__AVX512VBMI__)
+#include <immintrin.h>
+
+/* Byte-permute indices for a 64-row block's 64-byte load of two k-steps: word 2j = byte j
+   (row j at k), word 2j+1 = byte 32+j (row j at k+1); the odd bytes are zeroed by the mask. */
+static inline void edge_pair_indices(__m512i* pick0, __m512i* pick1) {
+  uint8_t idx[2][64] __attribute__((aligned(64)));
+  for (int h = 0; h < 2; h++)
+    for (int j = 0; j < 16; j++) {
+      idx[h][4 * j] = (uint8_t)(16 * h + j); idx[h][4 * j + 1] = 0;
+      idx[h][4 * j + 2] = (uint8_t)(32 + 16 * h + j); idx[h][4 * j + 3] = 0;
+    }
+  *pick0 = _mm512_load_si512((const void*)idx[0]);
+  *pick1 = _mm512_load_si512((const void*)idx[1]);
+}
+
+/* The 64 bytes of k-steps (k, k+1) of a block as four vectors of bf16 words 128 + nibble,
+   (k, k+1) paired per row: rows 0-15, 16-31 (low nibbles), 32-47, 48-63 (high nibbles). */
+static inline __attribute__((always_inline)) void edge_nibble_words(const uint8_t* p, __m512i pick0,
+                                                                    __m512i pick1, __m512i a[4]) {
+  const __mmask64 even = 0x5555555555555555ull;
+  const __m512i nib = _mm512_set1_epi16(0x000F);
+  const __m512i bias = _mm512_set1_epi16(0x4300);
+  const __m512i v = _mm512_loadu_si512((const void*)p);
+  const __m512i w0 = _mm512_maskz_permutexvar_epi8(even, pick0, v);
+  const __m512i w1 = _mm512_maskz_permutexvar_epi8(even, pick1, v);
+  /* (w & 0xF) | 0x4300 in one ternary-logic op: A=w, B=nib, C=bias -> (A & B) | C = 0xEA */
+  a[0] = _mm512_ternarylogic_epi32(w0, nib, bias, 0xEA);
+  a[1] = _mm512_ternarylogic_epi32(w1, nib, bias, 0xEA);
+  a[2] = _mm512_or_si512(_mm512_srli_epi16(w0, 4), bias);
+  a[3] = _mm512_or_si512(_mm512_srli_epi16(w1, 4), bias);
+}
+
+/* 16 fp32 lanes rounded to nearest even bf16 and stored */
+static inline void edge_store_bf16x16(uint16_t* y, __m512 f) {
+  __m512i u = _mm512_castps_si512(f);
+  u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
+                                           _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+  _mm256_storeu_si256((__m256i*)y, _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
+}
+#endif
+
+#endif

@@ -288,6 +288,21 @@ def test_a_gguf_file_is_compared_with_itself_in_llama_cpp(tmp_path, monkeypatch)
     assert compare.FILE_ARM not in compare.builds("default")
 
 
+def test_a_file_our_exporter_does_not_write_is_compared_on_the_file_alone(tmp_path, monkeypatch):
+    """llama.cpp's own quantizations come from our BF16 export, which writes Llama only: a Gemma 3
+    file keeps the file arm (and the vLLM arms), and no arm that needs the export."""
+    from support.checkpoints import tiny_gguf, tiny_llama_gguf
+
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path / "home"))
+    gemma = compare.builds(str(tiny_llama_gguf(tmp_path / "g.gguf", arch="gemma3")))
+    assert compare.FILE_ARM in gemma and "vllm-cpu_int4" in gemma
+    assert not any(k.startswith("llamacpp-") and k not in (compare.FILE_ARM, compare.amx_twin(compare.FILE_ARM))
+                   for k in gemma)
+    assert not compare.exports(tiny_gguf(tmp_path / "p.gguf", "phi3"))
+    llama = compare.builds(str(tiny_llama_gguf(tmp_path / "l.gguf")))
+    assert "llamacpp-BF16" in llama and "llamacpp-Q4_K_M" in llama
+
+
 def test_a_folder_is_compared_from_itself(tmp_path, monkeypatch):
     from vllm_edge.models import store
     from vllm_edge.quant.quantize import QuantizeError

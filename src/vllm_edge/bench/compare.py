@@ -239,14 +239,26 @@ def builds(model: str = "default", synthetic_1b: bool = False) -> dict[str, Path
         m = store.resolve_key(model)
         key, bf16 = m.key, store.prepared_dir(m)
         out = {"vllm-bf16": bf16, "vllm-cpu_int4": store.quantized_dir(m, CPU_INT4, DEFAULT_GROUP)}
-    bf16_gguf = gguf_dir(key) / f"{key}.bf16.gguf"
-    out["llamacpp-BF16"] = bf16_gguf
     if file is not None:
         out[FILE_ARM] = file
-    out.update({f"llamacpp-{q}": quantized_path(bf16_gguf, q) for q in GGUF_QUANTS})
+    if file is None or exports(file):
+        bf16_gguf = gguf_dir(key) / f"{key}.bf16.gguf"
+        out["llamacpp-BF16"] = bf16_gguf
+        out.update({f"llamacpp-{q}": quantized_path(bf16_gguf, q) for q in GGUF_QUANTS})
     if llamacpp_build.amx_build_dir() is not None:
         out.update({amx_twin(k): v for k, v in list(out.items()) if k.startswith("llamacpp-") and k != "llamacpp-BF16"})
     return out
+
+
+def exports(file: Path) -> bool:
+    """Whether our GGUF exporter writes this file's architecture (Llama only), so llama.cpp can
+    also run its own quantizations of the bf16 import; other families compare on the file alone."""
+    from vllm_edge.models import gguf_import
+
+    try:
+        return gguf_import.inspect_gguf(file).architecture == "llama"
+    except gguf_import.GgufImportError:
+        return True  # not readable: the import names what is wrong with it, when it runs
 
 
 def select(paths: dict[str, Path], arms: list[str] | None) -> dict[str, Path]:
@@ -282,7 +294,8 @@ def prepare(model: str = "default", synthetic_1b: bool = False, progress: bool =
             if name in paths and not (paths[name] / "config.json").exists():
                 quantize_model(bf16, paths[name], scheme=CPU_INT4, group=group, progress=progress)
     elif store.is_gguf(model):
-        store.ensure_gguf(model, None)  # the llama.cpp BF16 export is made from it
+        if "vllm-bf16" in paths or "llamacpp-BF16" in every:
+            store.ensure_gguf(model, None)  # the llama.cpp BF16 export is made from it
         if "vllm-cpu_int4" in paths:
             store.ensure_gguf(model, CPU_INT4)
     elif is_user_model(model):
@@ -292,7 +305,9 @@ def prepare(model: str = "default", synthetic_1b: bool = False, progress: bool =
         store.prepare(model, progress=progress)
         if "vllm-cpu_int4" in paths:
             store.prepare_quantized(model, CPU_INT4, DEFAULT_GROUP, progress=progress)
-    bf16_gguf = every["llamacpp-BF16"]
+    bf16_gguf = every.get("llamacpp-BF16")
+    if bf16_gguf is None:  # a family our exporter does not write: the file is llama.cpp's only build
+        return paths
     # the file arm alone needs the BF16 export only as the fidelity reference (a full run)
     need_bf16 = any(k.startswith("llamacpp-") and k not in (FILE_ARM, amx_twin(FILE_ARM)) for k in paths) or \
         (FILE_ARM in paths and arms is None)

@@ -108,6 +108,13 @@ def run(args: argparse.Namespace) -> int:
         every = compare.builds(args.model, args.synthetic_1b)
         arms = [a for a in compare.QUICK_ARMS if a in every and (arms is None or a in arms)]
     paths = compare.prepare(args.model, args.synthetic_1b, arms=arms)
+    if user and "llamacpp-BF16" not in compare.builds(args.model, args.synthetic_1b) and not args.skip_fidelity:
+        # each side's fidelity is against its own bf16, and llama.cpp's needs our export of the file
+        args.skip_fidelity = True
+        print(f"compare: {Path(args.model).name} is not a Llama file, which our GGUF export does not "
+              "write: speed and memory only; same-file fidelity: `vllm-edge fidelity --engine llama.cpp "
+              "--model FILE --tokenizer DIR --save-ref REF`, then `vllm-edge fidelity --ref REF --model FILE`",
+              file=sys.stderr)
     missing = [f"{k}: {v}" for k, v in paths.items() if not v.exists()]
     if missing:
         raise EdgeError("missing builds:\n  " + "\n  ".join(missing))

@@ -104,11 +104,11 @@ def run(args: argparse.Namespace) -> int:
         raise speed.SpeedArgError("--passes, --reps, --fidelity-greedy-tokens and --fidelity-chunks "
                                   "must be at least 1")
     arms = args.arms.split(",") if args.arms else None
+    every = compare.builds(args.model, args.synthetic_1b)  # hashes a GGUF file: once
     if args.quick:
-        every = compare.builds(args.model, args.synthetic_1b)
         arms = [a for a in compare.QUICK_ARMS if a in every and (arms is None or a in arms)]
     paths = compare.prepare(args.model, args.synthetic_1b, arms=arms)
-    if user and "llamacpp-BF16" not in compare.builds(args.model, args.synthetic_1b) and not args.skip_fidelity:
+    if user and "llamacpp-BF16" not in every and not args.skip_fidelity:
         # each side's fidelity is against its own bf16, and llama.cpp's needs our export of the file
         args.skip_fidelity = True
         print(f"compare: {Path(args.model).name} is not a Llama file, which our GGUF export does not "

@@ -113,12 +113,11 @@ class Int8WeightsMixin:
         product cannot take keeps them."""
         from vllm_edge.quant import lowbit
 
-        n, k = layer.weight_int8.shape
-        if not (lowbit.fits(n, k, layer.cpu_int8_group) and lowbit.supported()):
+        if not lowbit.supported():
             return
         zero = layer.weight_zero.data if layer.weight_zero is not None else None
         packed = lowbit.pack(layer.weight_int8.data, layer.weight_scale.data, zero, layer.cpu_int8_group)
-        if packed is None:
+        if packed is None:  # codes wider than 6 bits, or a shape outside whole 64-row blocks
             return
         for name in PARAMS:
             if isinstance(getattr(layer, name, None), Parameter):

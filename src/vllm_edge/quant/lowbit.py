@@ -49,10 +49,6 @@ class Packed:
     def offset(self) -> int:
         return OFFSETS[self.planes]
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.scale.shape[1], self.nibbles.shape[1]
-
     def nbytes(self) -> int:
         """Bytes the product reads per call: what ``bench bytes`` counts for this layer."""
         return sum(t.numel() * t.element_size()
@@ -90,8 +86,10 @@ def pack(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group:
     """int8 codes ``q`` [N, K] with fp16 ``scale``/``zero`` [N, K/g] in the packed layout, or None
     when the codes need more than 6 bits or the shape does not fit. Exact: every value kept."""
     n, k = q.shape
+    if not fits(n, k, group):
+        return None
     planes = planes or planes_for(q)
-    if planes is None or not fits(n, k, group):
+    if planes is None:
         return None
     u = (q.to(torch.int16) + OFFSETS[planes]).to(torch.uint8)          # [N, K], 0..63
     blocks = u.view(n // BLOCK_ROWS, BLOCK_ROWS, k)

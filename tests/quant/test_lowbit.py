@@ -1,6 +1,7 @@
-"""cpu_int8's packed 5/6-bit layout: the packing is exact, the product and the prefill route
-equal the int8 formulation they replace, a wrong plane is caught, and vLLM's layers pack a
-5- or 6-bit layer at load (freeing its int8 codes) and leave an 8-bit one alone."""
+"""cpu_int8's packed layout: the packing is exact, the product, the prefill route and the row
+lookup equal the int8 formulation they replace, a wrong plane is caught, and vLLM's layers and
+embeddings pack at load (freeing their int8 codes), 5- and 6-bit codes at their own width and
+8-bit ones as two nibble planes."""
 
 from __future__ import annotations
 
@@ -33,23 +34,25 @@ def close(y, ref, k):
     return bool(((y.double() - ref).abs() <= bound).all())
 
 
-@pytest.mark.parametrize("planes", [1, 2])
+@pytest.mark.parametrize("planes", [1, 2, 4])
 def test_packing_is_exact_and_finds_the_planes(planes):
     q, s, z = codes(192, 96, 32, planes)
     assert lowbit.planes_for(q) == planes
     p = lowbit.pack(q, s, z, 32)
-    assert p.planes == planes and p.offset == 16 << (planes - 1)
+    assert p.planes == planes and p.offset == {1: 16, 2: 32, 4: 128}[planes]
     assert torch.equal(lowbit.unpack_codes(p.nibbles, p.high, planes), q)
     assert torch.equal(p.scale, s.t()) and torch.equal(p.zero, z.t())
-    # 4 + planes bits per code, fp16 scale and offset per group of 32
-    assert p.nbytes() * 8 == 192 * 96 * (4 + planes) + 2 * 16 * 192 * 3
+    # 4 + planes bits per code (8 for two nibble planes), fp16 scale and offset per group of 32
+    assert p.nbytes() * 8 == 192 * 96 * min(4 + planes, 8) + 2 * 16 * 192 * 3
     assert lowbit.runtime_bits(q, s, z, 32) == p.nbytes() * 8
 
 
-def test_codes_wider_than_six_bits_or_odd_shapes_are_not_packed():
+def test_codes_wider_than_six_bits_take_two_nibble_planes_and_odd_shapes_are_not_packed():
     q, s, z = codes(64, 64, 32, 2)
     q[3, 5] = 32
-    assert lowbit.planes_for(q) is None and lowbit.pack(q, s, z, 32) is None
+    assert lowbit.planes_for(q) == 4
+    q[0, 0], q[1, 1] = -128, 127  # the whole int8 range
+    assert torch.equal(lowbit.unpack_codes(*_nh(lowbit.pack(q, s, z, 32)), 4), q)
     assert lowbit.runtime_bits(q, s, None, 32) == 64 * 64 * 8 + 64 * 2 * 16
     q, s, z = codes(72, 64, 32, 1)  # 72 rows: not whole 64-row blocks
     assert lowbit.pack(q, s, z, 32) is None
@@ -59,10 +62,15 @@ def test_codes_wider_than_six_bits_or_odd_shapes_are_not_packed():
     assert lowbit.pack(q, s, torch.zeros_like(s), 32).zero is None  # an all-zero offset is not read
 
 
+def _nh(p):
+    return p.nibbles, p.high
+
+
 @needs_kernel
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9, 16])
 @pytest.mark.parametrize("planes,group,offsets", [(1, 32, False), (1, 32, True), (2, 16, False),
-                                                  (2, 16, True), (1, 64, True), (2, 32, True)])
+                                                  (2, 16, True), (1, 64, True), (2, 32, True),
+                                                  (4, 32, False), (4, 16, True), (4, 64, True)])
 def test_the_product_equals_the_dequantized_matmul(m, planes, group, offsets):
     n, k = 192, 256
     q, s, z = codes(n, k, group, planes, offsets=offsets)
@@ -74,7 +82,7 @@ def test_the_product_equals_the_dequantized_matmul(m, planes, group, offsets):
 
 
 @needs_kernel
-@pytest.mark.parametrize("planes", [1, 2])
+@pytest.mark.parametrize("planes", [1, 2, 4])
 def test_the_dequantizers_give_the_int8_values(planes):
     q, s, z = codes(128, 96, 16, planes)
     p = lowbit.pack(q, s, z, 16)
@@ -83,6 +91,9 @@ def test_the_dequantizers_give_the_int8_values(planes):
     x = torch.randn(40, 96).to(torch.bfloat16)
     y = lowbit.linear_t(x, p.nibbles, p.high, p.scale, p.zero, 16, planes)
     assert close(y, x.double() @ want.double().T, 96)
+    # the prefill route's W^T holds those values exactly: an identity input reads it back
+    eye = torch.eye(96, dtype=torch.bfloat16)
+    assert torch.equal(lowbit.linear_t(eye, p.nibbles, p.high, p.scale, p.zero, 16, planes), want.T)
 
 
 @needs_kernel
@@ -97,6 +108,37 @@ def test_a_wrong_high_bit_plane_is_caught():
     assert close(lowbit.gemv(x, p.nibbles, p.high, p.scale, p.zero, 32, 1), ref, 64)
     assert not close(lowbit.gemv(x, p.nibbles, high, p.scale, p.zero, 32, 1), ref, 64)
     assert not torch.equal(lowbit.unpack_codes(p.nibbles, high, 1), q)
+
+
+@needs_kernel
+def test_a_wrong_high_nibble_plane_is_caught():
+    """The same for 8-bit codes: one high nibble one step off moves a weight by 16 steps."""
+    q, s, z = codes(64, 64, 32, 4)
+    p = lowbit.pack(q, s, z, 32)
+    high = p.high.clone().view(torch.uint8)
+    high.view(1, 64, 32)[0, 6, 3] ^= 1  # row 3, column 6 of block 0
+    high = high.view(torch.int32)
+    x = torch.randn(1, 64).to(torch.bfloat16)
+    ref = reference(x, q, s, z, 32)
+    assert close(lowbit.gemv(x, p.nibbles, p.high, p.scale, p.zero, 32, 4), ref, 64)
+    assert not close(lowbit.gemv(x, p.nibbles, high, p.scale, p.zero, 32, 4), ref, 64)
+    assert not torch.equal(lowbit.unpack_codes(p.nibbles, high, 4), q)
+
+
+@pytest.mark.parametrize("planes", [1, 2, 4])
+def test_rows_looked_up_from_the_packed_table_are_the_int8_rows(planes, monkeypatch):
+    """The kernel's lookup and the torch route it falls back to, against cpu_int8's own."""
+    q, s, z = codes(256, 96, 32, planes)
+    p = lowbit.pack(q, s, z, 32)
+    ids = torch.tensor([[0, 255, 64, 5], [5, 130, 191, 63]])
+    want = int8.gather_rows(q, s, z, 32, ids)
+    assert torch.equal(lowbit.gather(ids, p.nibbles, p.high, p.scale, p.zero, 32, planes), want)
+    assert torch.equal(int8_ops.lowbit_embedding(ids, p.nibbles, p.high, p.scale, p.zero, 32, planes),
+                       want.view(2, 4, 96))
+    with pytest.raises(IndexError, match="token id 256 is outside the table of 256 rows"):
+        lowbit.gather(torch.tensor([3, 256]), p.nibbles, p.high, p.scale, p.zero, 32, planes)
+    monkeypatch.setattr(lowbit, "library", lambda: None)
+    assert torch.equal(lowbit.gather(ids, p.nibbles, p.high, p.scale, p.zero, 32, planes), want)
 
 
 @needs_kernel
@@ -116,20 +158,16 @@ def test_the_op_routes_by_rows_and_agrees(rows):
                        out + bias)
 
 
-def _layer(planes_or_none, group=32):
+def _layer(planes, group=32, rows=192):
     from vllm.model_executor.layers.linear import ReplicatedLinear
 
     from vllm_edge.quant.int8_config import CpuInt8Config
 
-    layer = ReplicatedLinear(128, 192, bias=False, quant_config=CpuInt8Config(group),
+    layer = ReplicatedLinear(128, rows, bias=False, quant_config=CpuInt8Config(group),
                              prefix="model.layers.0.mlp.down_proj", params_dtype=torch.bfloat16)
-    if planes_or_none is None:
-        g = torch.Generator().manual_seed(3)
-        q = torch.randint(-128, 128, (192, 128), generator=g, dtype=torch.int16).to(torch.int8)
-        s = (torch.rand(192, 128 // group, generator=g) * 1e-3).to(torch.float16)
+    q, s, z = codes(rows, 128, group, planes, offsets=planes != 4)
+    if z is None:
         z = torch.zeros_like(s)
-    else:
-        q, s, z = codes(192, 128, group, planes_or_none)
     for name, t in (("weight_int8", q), ("weight_scale", s), ("weight_zero", z)):
         param = getattr(layer, name)
         param.weight_loader(param, t)
@@ -138,8 +176,8 @@ def _layer(planes_or_none, group=32):
 
 
 @needs_kernel
-@pytest.mark.parametrize("planes", [1, 2])
-def test_a_vllm_layer_packs_five_and_six_bit_codes_at_load(vllm_dist, planes):
+@pytest.mark.parametrize("planes", [1, 2, 4])
+def test_a_vllm_layer_packs_its_codes_at_load(vllm_dist, planes):
     layer, q, s, z = _layer(planes)
     assert layer.cpu_int8_planes == planes and layer.weight_int8 is None
     assert "weight_int8" not in dict(layer.named_parameters())
@@ -151,10 +189,38 @@ def test_a_vllm_layer_packs_five_and_six_bit_codes_at_load(vllm_dist, planes):
         assert close(out, ref, 128) if m > 16 else close(out, reference(x, q, s, z, 32), 128)
 
 
-def test_a_vllm_layer_keeps_eight_bit_codes(vllm_dist):
-    layer, q, _, _ = _layer(None)
+def test_a_vllm_layer_outside_whole_blocks_keeps_its_codes(vllm_dist):
+    layer, q, s, z = _layer(4, rows=96)
     assert not getattr(layer, "cpu_int8_planes", 0)
     assert torch.equal(layer.weight_int8.data, q)
+    x = torch.randn(2, 128).to(torch.bfloat16)
+    assert close(layer(x)[0], reference(x, q, s, z, 32), 128)
+
+
+@pytest.mark.parametrize("planes", [1, 4])
+def test_a_vllm_embedding_and_the_head_tied_to_it_run_from_the_packed_table(vllm_dist, planes):
+    """The lookup gives the int8 rows and the tied head the int8 product, on one packed copy."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    from vllm_edge.quant.int8_config import CpuInt8Config
+
+    cfg = CpuInt8Config(32)
+    emb = VocabParallelEmbedding(256, 128, quant_config=cfg, prefix="model.embed_tokens",
+                                 params_dtype=torch.bfloat16)
+    q, s, z = codes(256, 128, 32, planes)
+    for name, t in (("weight_int8", q), ("weight_scale", s), ("weight_zero", z)):
+        param = getattr(emb, name)
+        param.weight_loader(param, t)
+    emb.quant_method.process_weights_after_loading(emb)
+    head = ParallelLMHead(256, 128, quant_config=cfg, prefix="lm_head", params_dtype=torch.bfloat16)
+    head = head.tie_weights(emb)
+    head.quant_method.process_weights_after_loading(head)
+    packed = lowbit.supported()
+    assert bool(getattr(emb, "cpu_int8_planes", 0)) == packed and (emb.weight_int8 is None) == packed
+    ids = torch.tensor([0, 7, 255, 64])
+    assert torch.equal(emb(ids), int8.gather_rows(q, s, z, 32, ids))
+    x = torch.randn(3, 128).to(torch.bfloat16)
+    assert close(head.quant_method.apply(head, x), reference(x, q, s, z, 32), 128)
 
 
 def test_the_switch_keeps_int8(vllm_dist, monkeypatch):
@@ -174,7 +240,7 @@ def test_the_cpp_op_gives_the_python_routes_bits():
     at decode and prefill row counts, with and without offsets."""
     if not int8_ops.load_lowbit_op():
         pytest.skip("the C++ op did not build here: " + lowbit_op.state())
-    for planes, offsets in ((1, False), (2, True)):
+    for planes, offsets in ((1, False), (2, True), (4, True)):
         q, s, z = codes(256, 192, 32, planes, offsets=offsets)
         p = lowbit.pack(q, s, z, 32)
         for m in (1, 5, 16, 17, 40):

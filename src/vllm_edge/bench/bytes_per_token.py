@@ -9,7 +9,7 @@ engine really runs:
   the checkpoint's when K is not a multiple of it (:func:`vllm_edge.quant.pack.kernel_group`
   duplicates scales then); a shape tinygemm refuses runs from the checkpoint layout;
 * a ``cpu_int8`` linear of a GGUF repack is counted at the bits its repack report says decode
-  reads where this CPU runs the packed 5/6-bit product (:mod:`vllm_edge.quant.lowbit`), else as
+  reads where this CPU runs the packed product (:mod:`vllm_edge.quant.lowbit`), else as
   stored;
 * other quantized formats (GPTQ) are counted as stored: their runtime repacking is
   vLLM's, and we do not model it (the result says so);
@@ -290,7 +290,7 @@ def account_dir(model_dir: str | os.PathLike, dtype: str = "bfloat16",
     acc = account(config, read_specs(d), dtype=dtype, kv_dtype=kv_dtype, model=str(d),
                   int8_bits=int8_bits)
     if int8_bits:
-        acc.notes.append("cpu_int8 modules at the bits decode reads with their 5- and 6-bit codes "
+        acc.notes.append("cpu_int8 modules at the bits decode reads with their codes "
                          "packed on this CPU (repack_report.json, runtime_bits_per_weight)")
     return acc
 

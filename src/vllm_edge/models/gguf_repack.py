@@ -43,7 +43,7 @@ from vllm_edge.quant.formats import cpu_int4, cpu_int8
 logger = logging.getLogger("vllm_edge.models")
 
 # Bump when the output changes, so cached repacks are redone.
-CONVERTER_VERSION = "gguf-repack/3"
+CONVERTER_VERSION = "gguf-repack/4"
 KIND = CONVERTER_VERSION.split("/")[0]
 REPORT_NAME = "repack_report.json"
 GROUP = 32
@@ -259,9 +259,9 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
         else:
             bits = n * k * 16
         entry["bits_per_weight"] = round(bits / (n * k), 4)
-        # what decode reads where cpu_int8's 5/6-bit codes are packed at load (quant/lowbit.py)
+        # what decode reads where cpu_int8's codes are packed at load (quant/lowbit.py)
         runtime = (lowbit.runtime_bits(parts["weight_int8"], parts["weight_scale"], parts["weight_zero"],
-                                       entry["group"], packable=base != "model.embed_tokens")
+                                       entry["group"])
                    if route == "repack8" else bits)
         entry["runtime_bits_per_weight"] = round(runtime / (n * k), 4)
         entry["gguf_bits_per_weight"] = round(t.n_bytes * 8 / (n * k), 4)

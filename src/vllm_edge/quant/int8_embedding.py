@@ -2,8 +2,9 @@
 
 The head is a linear over the vocabulary (the op of :mod:`.int8_ops`); the lookup widens only
 the requested rows, so no bf16 table is resident. A head tied to an 8-bit embedding reads the
-embedding's tensors: one copy, as in the file it came from. An untied head whose codes fit 5 or
-6 bits is packed as a linear is (:mod:`.lowbit`); an embedding keeps its row-major codes.
+embedding's tensors: one copy, as in the file it came from. Where :mod:`.lowbit`'s product runs,
+the table (or an untied head) is packed at load as a linear is, and rows are looked up from
+the packed table; so a tied head runs the packed product on the one copy.
 """
 
 from __future__ import annotations
@@ -27,10 +28,7 @@ class CpuInt8EmbeddingMethod(Int8WeightsMixin, QuantizeMethodBase):
         if _SOURCE in layer.__dict__:
             return  # tied: the embedding owns the data
         self.finish(layer)
-        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
-
-        if isinstance(layer, ParallelLMHead):  # an untied head: never looked up, so it may pack
-            self.pack_lowbit(layer)
+        self.pack_lowbit(layer)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -38,8 +36,12 @@ class CpuInt8EmbeddingMethod(Int8WeightsMixin, QuantizeMethodBase):
 
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
         src = _source(layer)
-        out = int8_ops.embedding(input_, src.weight_int8, src.weight_scale, src.weight_zero,
-                                 src.cpu_int8_group)
+        if getattr(src, "cpu_int8_planes", 0):
+            out = int8_ops.lowbit_embedding(input_, src.lowbit_nibbles, src.lowbit_high, src.lowbit_scale,
+                                            src.lowbit_zero, src.cpu_int8_group, src.cpu_int8_planes)
+        else:
+            out = int8_ops.embedding(input_, src.weight_int8, src.weight_scale, src.weight_zero,
+                                     src.cpu_int8_group)
         return out.to(self.params_dtype)
 
     def tie_weights(self, layer: torch.nn.Module, embed_tokens: torch.nn.Module):

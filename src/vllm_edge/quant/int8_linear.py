@@ -4,9 +4,9 @@ loaders, every tensor validated, and run by the custom op of :mod:`.int8_ops`.
 Checkpoint tensors per linear ``<prefix>``: ``weight_int8`` int8 [N, K], ``weight_scale`` and
 ``weight_zero`` fp16 [N, K / group] (:mod:`.int8`). The layout is the runtime layout: nothing
 is repacked after loading. An all-zero offset (the quantizer's symmetric codes, llama.cpp's
-Q8_0, Q5_0 and Q6_K) is dropped at load, so the product does not read it. Codes that fit 5 or 6
-bits (llama.cpp's 5- and 6-bit blocks) are then repacked in place into :mod:`.lowbit`'s layout
-where its product runs.
+Q8_0, Q5_0 and Q6_K) is dropped at load, so the product does not read it. Where :mod:`.lowbit`'s
+product runs, the codes are then repacked in place into its 64-row layout: 5 or 6 bits per
+weight for codes that fit (llama.cpp's 5- and 6-bit blocks), two nibble planes for 8-bit ones.
 """
 
 from __future__ import annotations
@@ -108,16 +108,16 @@ class Int8WeightsMixin:
             layer.weight_zero = None
 
     def pack_lowbit(self, layer: torch.nn.Module) -> None:
-        """Codes that fit 5 or 6 bits move to the packed layout of :mod:`.lowbit` (the same
-        values, about the file's bytes per weight); the int8 codes are freed. A layer the packed
-        product cannot take keeps them."""
+        """The codes move to the packed layout of :mod:`.lowbit` (the same values; about the
+        file's bytes per weight for 5- and 6-bit codes); the int8 codes are freed. A layer the
+        packed product cannot take (a shape outside whole 64-row blocks) keeps them."""
         from vllm_edge.quant import lowbit
 
         if not lowbit.supported():
             return
         zero = layer.weight_zero.data if layer.weight_zero is not None else None
         packed = lowbit.pack(layer.weight_int8.data, layer.weight_scale.data, zero, layer.cpu_int8_group)
-        if packed is None:  # codes wider than 6 bits, or a shape outside whole 64-row blocks
+        if packed is None:  # a shape outside whole 64-row blocks
             return
         for name in PARAMS:
             if isinstance(getattr(layer, name, None), Parameter):

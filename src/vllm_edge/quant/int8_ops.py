@@ -19,6 +19,7 @@ from vllm_edge.quant import gemm, int8, lowbit, lowbit_op
 OP_NAME = "edge_cpu_int8_linear"
 LOWBIT_OP_NAME = "edge_cpu_int8_lowbit_linear"
 EMBED_OP_NAME = "edge_cpu_int8_embedding"
+LOWBIT_EMBED_OP_NAME = "edge_cpu_int8_lowbit_embedding"
 # Above this many rows a dequantize + bf16 GEMM reads the weight once; below, the product
 # reads it ceil(rows / 8) times but skips the bf16 copy (decode, and speculative verify).
 GEMV_ROWS = 16
@@ -78,6 +79,18 @@ def _embedding_fake(ids: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     return ids.new_empty((*ids.shape, q.shape[1]), dtype=torch.bfloat16)
 
 
+def lowbit_embedding_impl(ids: torch.Tensor, nibbles: torch.Tensor, high: torch.Tensor,
+                          scale: torch.Tensor, zero: Optional[torch.Tensor], group: int,
+                          planes: int) -> torch.Tensor:
+    return lowbit.gather(ids, nibbles, high, scale, zero, group, planes).view(*ids.shape, nibbles.shape[1])
+
+
+def _lowbit_embedding_fake(ids: torch.Tensor, nibbles: torch.Tensor, high: torch.Tensor,
+                           scale: torch.Tensor, zero: Optional[torch.Tensor], group: int,
+                           planes: int) -> torch.Tensor:
+    return ids.new_empty((*ids.shape, nibbles.shape[1]), dtype=torch.bfloat16)
+
+
 def register() -> None:
     """Define the ops in vLLM's library once per process."""
     global _registered
@@ -91,6 +104,8 @@ def register() -> None:
         lowbit_op.define(lowbit_impl)
         direct_register_custom_op(EMBED_OP_NAME, embedding_impl, mutates_args=[],
                                   fake_impl=_embedding_fake)
+        direct_register_custom_op(LOWBIT_EMBED_OP_NAME, lowbit_embedding_impl, mutates_args=[],
+                                  fake_impl=_lowbit_embedding_fake)
         _registered = True
 
 
@@ -130,3 +145,11 @@ def embedding(ids: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: tor
     if not _registered:
         register()
     return getattr(torch.ops.vllm, EMBED_OP_NAME)(ids, q, scale, zero, group)
+
+
+def lowbit_embedding(ids: torch.Tensor, nibbles: torch.Tensor, high: torch.Tensor, scale: torch.Tensor,
+                     zero: torch.Tensor | None, group: int, planes: int) -> torch.Tensor:
+    """Rows of an embedding packed in :mod:`.lowbit`'s layout, as bf16."""
+    if not _registered:
+        register()
+    return getattr(torch.ops.vllm, LOWBIT_EMBED_OP_NAME)(ids, nibbles, high, scale, zero, group, planes)

@@ -1,4 +1,4 @@
-"""The packed runtime layout of cpu_int8 for codes that fit 5 or 6 bits (``csrc/lowbit_gemv.c``).
+"""The packed runtime layout of cpu_int8 (``csrc/lowbit_gemv.c``).
 
 A GGUF file's Q5_0, Q5_1, Q5_K and Q6_K blocks reach ``cpu_int8`` with their codes kept
 (:mod:`.repack8`): signed codes in [-16, 15] or [-32, 31] stored one byte each, 8 bits read
@@ -7,6 +7,12 @@ repacked here (lossless: the codes, scales and offsets are the same values) into
 product's nibble layout plus one or two high-bit planes, and its int8 codes are freed. Decode
 then reads about the file's bytes per weight, through the AVX-512 BF16 product of the int4
 format with one masked add per plane.
+
+Full 8-bit codes (Q8_0) take the same 64-row layout as two nibble planes (``planes`` 4): the
+same bytes as the row-major codes, but the int4 product's instruction mix instead of
+widening each byte, and the C++ op's call path instead of the Python one. An embedding is
+packed too, and its rows are looked up from the packed table (:func:`gather`), so a head tied
+to it runs the packed product without a second copy of the table.
 
 Where the CPU lacks AVX512-BF16, VBMI or BW, the kernel cannot be built, or a shape does not
 fit (rows not a multiple of 64, columns of 32, a group not a multiple of 16), the layer keeps
@@ -24,13 +30,15 @@ from pathlib import Path
 
 import torch
 
-from vllm_edge.quant import native
+from vllm_edge.quant import int8, native
 
 logger = logging.getLogger("vllm_edge.quant")
 SOURCES = (Path(__file__).with_name("csrc") / "lowbit_gemv.c",)
 BLOCK_ROWS = 64
-# planes -> the offset that makes a signed code unsigned: 1 plane holds [-16, 15], 2 [-32, 31]
-OFFSETS = {1: 16, 2: 32}
+# planes -> the offset that makes a signed code unsigned: 1 plane holds [-16, 15], 2 [-32, 31];
+# 4 is a second nibble plane, [-128, 127]
+OFFSETS = {1: 16, 2: 32, 4: 128}
+WIDE = 4
 _PACK_BLOCKS = 16
 
 
@@ -39,7 +47,8 @@ class Packed:
     """One weight in the packed layout (shapes for ``N`` rows, ``K`` columns, group ``g``)."""
 
     nibbles: torch.Tensor    # uint8 [N/64, K, 32]
-    high: torch.Tensor       # int32 [N/64, K/2, planes, 4], read as uint32 masks
+    high: torch.Tensor       # int32 [N/64, K/2, planes, 4], read as uint32 masks; for 8-bit
+                             # codes the high nibbles, [N/64, K, 32] bytes as int32 [N/64, K, 8]
     scale: torch.Tensor      # fp16 [K/g, N]
     zero: torch.Tensor | None  # fp16 [K/g, N], None when every offset is 0
     group: int
@@ -56,22 +65,21 @@ class Packed:
 
 
 def planes_for(q: torch.Tensor) -> int | None:
-    """1 or 2 high-bit planes when every signed code fits 5 or 6 bits, else None."""
+    """1 or 2 high-bit planes when every signed code fits 5 or 6 bits, else 4 (two nibble
+    planes) for int8 codes; None for an empty tensor."""
     if q.numel() == 0:
         return None
     lo, hi = int(q.min()), int(q.max())
     return next((p for p, off in OFFSETS.items() if -off <= lo and hi < off), None)
 
 
-def runtime_bits(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int,
-                 packable: bool = True) -> int:
+def runtime_bits(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int) -> int:
     """Bits a decode step reads for this cpu_int8 weight where the packed product runs (an
-    AVX512-BF16/VBMI/BW CPU): 4 + planes per packable code, else 8; fp16 scales; the offsets
-    only when one is not zero (an all-zero offset is dropped at load). ``packable`` False: a
-    table that is looked up (an input embedding, or a head tied to it) keeps 8-bit codes."""
+    AVX512-BF16/VBMI/BW CPU): 4 + planes per code that fits 5 or 6 bits, else 8; fp16 scales;
+    the offsets only when one is not zero (an all-zero offset is dropped at load)."""
     n, k = q.shape
-    planes = planes_for(q) if packable and fits(n, k, group) else None
-    code_bits = 4 + planes if planes else 8
+    planes = planes_for(q) if fits(n, k, group) else None
+    code_bits = min(4 + planes, 8) if planes else 8
     groups = n * (k // group)
     return n * k * code_bits + groups * 16 * (1 + int(zero is not None and bool(zero.any())))
 
@@ -83,34 +91,48 @@ def fits(n: int, k: int, group: int) -> bool:
 
 def pack(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int,
          planes: int | None = None) -> Packed | None:
-    """int8 codes ``q`` [N, K] with fp16 ``scale``/``zero`` [N, K/g] in the packed layout, or None
-    when the codes need more than 6 bits or the shape does not fit. Exact: every value kept."""
+    """int8 codes ``q`` [N, K] with fp16 ``scale``/``zero`` [N, K/g] in the packed layout (the
+    fewest planes the codes fit, or ``planes``), or None when the shape does not fit. Exact:
+    every value kept."""
     n, k = q.shape
     if not fits(n, k, group):
         return None
     planes = planes or planes_for(q)
     if planes is None:
         return None
-    u = (q.to(torch.int16) + OFFSETS[planes]).to(torch.uint8)          # [N, K], 0..63
-    blocks = u.view(n // BLOCK_ROWS, BLOCK_ROWS, k)
-    low = blocks & 15
-    # byte (b, k, j) = row j's nibble | row j+32's nibble << 4
-    nibbles = (low[:, :32, :] | (low[:, 32:, :] << 4)).transpose(1, 2).contiguous()
-    # bit 2j+t of mask (b, p, plane, i) = bit 4+plane of u at row 16i+j of block b, column 2p+t;
-    # a few blocks at a time, so the int64 sums stay small beside the weight
+    # a few blocks at a time, so the temporaries stay small beside the weight (a 262144-row
+    # embedding is 168 MB of codes)
     nb = n // BLOCK_ROWS
-    weights = torch.tensor([1 << (2 * j + t) for j in range(16) for t in range(2)], dtype=torch.int64)
-    high_t = torch.empty(nb, k // 2, planes, 4, dtype=torch.int32)
+    nibbles = torch.empty(nb, k, 32, dtype=torch.uint8)
+    if planes == WIDE:
+        high = torch.empty(nb, k, 32, dtype=torch.uint8)
+    else:
+        high = torch.empty(nb, k // 2, planes, 4, dtype=torch.int32)
+        # bit 2j+t of mask (b, p, plane, i) = bit 4+plane of u at row 16i+j of block b, column 2p+t
+        weights = torch.tensor([1 << (2 * j + t) for j in range(16) for t in range(2)], dtype=torch.int64)
     for b0 in range(0, nb, _PACK_BLOCKS):
-        quarters = blocks[b0:b0 + _PACK_BLOCKS].reshape(-1, 4, 16, k // 2, 2)  # b, i, j, p, t
+        rows = q[b0 * BLOCK_ROWS:(b0 + _PACK_BLOCKS) * BLOCK_ROWS]
+        blocks = (rows.to(torch.int16) + OFFSETS[planes]).to(torch.uint8).view(-1, BLOCK_ROWS, k)
+        b1 = b0 + blocks.shape[0]
+        nibbles[b0:b1] = _nibble_layout(blocks & 15)
+        if planes == WIDE:
+            high[b0:b1] = _nibble_layout(blocks >> 4)
+            continue
+        quarters = blocks.reshape(-1, 4, 16, k // 2, 2)                         # b, i, j, p, t
         for plane in range(planes):
             bits = ((quarters >> (4 + plane)) & 1).to(torch.int64)
             bits = bits.permute(0, 3, 1, 2, 4).reshape(-1, k // 2, 4, 32)
-            masks = (bits * weights).sum(-1)                                  # b, p, i
-            high_t[b0:b0 + _PACK_BLOCKS, :, plane] = torch.where(
-                masks >= 1 << 31, masks - (1 << 32), masks).to(torch.int32)
-    return Packed(nibbles, high_t, scale.t().contiguous(),
-                  None if zero is None or not zero.any() else zero.t().contiguous(), group, planes)
+            masks = (bits * weights).sum(-1)                                      # b, p, i
+            high[b0:b1, :, plane] = torch.where(masks >= 1 << 31, masks - (1 << 32), masks).to(torch.int32)
+    if planes == WIDE:
+        high = high.view(torch.int32)
+    zero_t = None if zero is None or not zero.any() else zero.t().contiguous()
+    return Packed(nibbles, high, scale.t().contiguous(), zero_t, group, planes)
+
+
+def _nibble_layout(low: torch.Tensor) -> torch.Tensor:
+    """[N/64, 64, K] nibbles as the int4 product's bytes: (b, k, j) = row j | row j+32 << 4."""
+    return (low[:, :32, :] | (low[:, 32:, :] << 4)).transpose(1, 2).contiguous()
 
 
 @functools.cache
@@ -118,13 +140,14 @@ def library() -> ctypes.CDLL | None:
     """The kernel, built on first use; ``None`` where it cannot be built."""
     lib, errors = native.build_and_load("lowbit", SOURCES)
     if lib is None:
-        logger.info("cpu_int8: the packed 5/6-bit product did not build (%s); 5- and 6-bit codes "
-                    "stay row-major int8", " | ".join(errors))
+        logger.info("cpu_int8: the packed product did not build (%s); 8-bit codes stay "
+                    "row-major", " | ".join(errors))
         return None
     p, i = ctypes.c_void_p, ctypes.c_int64
     lib.edge_lowbit_gemv.restype, lib.edge_lowbit_gemv.argtypes = ctypes.c_int, [p] * 6 + [i] * 7
     for name in ("edge_lowbit_dequant", "edge_lowbit_dequant_t"):
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, [p] * 5 + [i] * 6
+    lib.edge_lowbit_gather.restype, lib.edge_lowbit_gather.argtypes = ctypes.c_int, [p] * 6 + [i] * 6
     for name in ("edge_lowbit_supported", "edge_lowbit_openmp"):
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, []
     return lib
@@ -140,8 +163,8 @@ def supported() -> bool:
     lib = library()
     ok = bool(lib is not None and lib.edge_lowbit_supported() and lib.edge_lowbit_openmp())
     if lib is not None and not ok:
-        logger.info("cpu_int8: the packed 5/6-bit product needs AVX512-BF16, VBMI and BW; 5- and "
-                    "6-bit codes stay row-major int8 (correct, 8 bits read per weight)")
+        logger.info("cpu_int8: the packed product needs AVX512-BF16, VBMI and BW; 8-bit codes "
+                    "stay row-major (correct, 8 bits read per weight)")
     return ok
 
 
@@ -197,11 +220,42 @@ def dequantize_bf16(nibbles: torch.Tensor, high: torch.Tensor, scale: torch.Tens
         0 if zero is None else zero.t().to(torch.float32).repeat_interleave(group, dim=1)).to(torch.bfloat16)
 
 
+def gather(ids: torch.Tensor, nibbles: torch.Tensor, high: torch.Tensor, scale: torch.Tensor,
+           zero: torch.Tensor | None, group: int, planes: int) -> torch.Tensor:
+    """Rows ``ids`` of the packed weight as bf16 ``[len(ids), K]``: an embedding lookup, the
+    values :func:`dequantize_bf16` gives. An id outside the table raises ``IndexError``."""
+    n, k = scale.shape[1], nibbles.shape[1]
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    if flat.numel():
+        lo, hi = int(flat.min()), int(flat.max())
+        if lo < 0 or hi >= n:
+            raise IndexError(f"cpu_int8 embedding: token id {lo if lo < 0 else hi} is outside "
+                             f"the table of {n} rows")
+    lib = library()
+    out = torch.empty(flat.numel(), k, dtype=torch.bfloat16)
+    if lib is not None and lib.edge_lowbit_gather(
+            nibbles.data_ptr(), high.data_ptr(), scale.data_ptr(), _zero_ptr(zero), flat.data_ptr(),
+            out.data_ptr(), flat.numel(), n, k, group, planes, OFFSETS[planes]) == 0:
+        return out
+    # the torch route: the blocks the ids fall in, unpacked
+    blocks = torch.unique(flat // BLOCK_ROWS)
+    codes = unpack_codes(nibbles[blocks], high[blocks], planes).view(len(blocks), BLOCK_ROWS, k)
+    where = torch.searchsorted(blocks, flat // BLOCK_ROWS)
+    q = codes[where, flat % BLOCK_ROWS]
+    s = scale.t()[flat]
+    z = torch.zeros_like(s) if zero is None else zero.t()[flat]
+    return int8.dequantize(q, s, z, group, torch.bfloat16)
+
+
 def unpack_codes(nibbles: torch.Tensor, high: torch.Tensor, planes: int) -> torch.Tensor:
     """The signed int8 codes [N, K] back from the packed layout (the torch inverse of :func:`pack`)."""
     nb, k, _ = nibbles.shape
     t = nibbles.transpose(1, 2)                                              # b, j, k
     u = torch.cat([t & 15, t >> 4], dim=1).to(torch.int16)                   # b, 64, k
+    if planes == WIDE:
+        h = high.contiguous().view(torch.uint8).view(nb, k, 32).transpose(1, 2)
+        u = u | (torch.cat([h & 15, h >> 4], dim=1).to(torch.int16) << 4)
+        return (u - OFFSETS[planes]).to(torch.int8).reshape(nb * 64, k)
     masks = high.to(torch.int64) & 0xFFFFFFFF                                # b, p, plane, i
     shifts = torch.arange(32, dtype=torch.int64)
     for plane in range(planes):

@@ -1,4 +1,4 @@
-"""The packed 5/6-bit product as a C++ dispatcher op: ``torch.ops.vllm_edge.lowbit_linear``.
+"""The packed product of cpu_int8 as a C++ dispatcher op: ``torch.ops.vllm_edge.lowbit_linear``.
 
 The Python custom op of :mod:`.int8_ops` goes dispatcher -> Python impl -> ctypes -> C, some
 microseconds per call and about 90 packed layers per decode step on a small model's Q4_K_M
@@ -92,7 +92,7 @@ def load(fallback: Callable[..., torch.Tensor]) -> bool:
     cc, cxx = native._compiler(), native_op.cxx_compiler()
     path = native_op.cached_path(cc, cxx, C_SOURCE, CXX_SOURCE, "lowbitop")
     err = native_op.build_load_probe(
-        "cpu_int8: the packed 5/6-bit op (quant/csrc/lowbit_op.cpp)", path,
+        "cpu_int8: the packed op (quant/csrc/lowbit_op.cpp)", path,
         lambda: native_op.build(cc, cxx, path, C_SOURCE, CXX_SOURCE), lambda: _probe(fallback),
         "packed layers keep the Python op")
     _state = f"failed: {err[-300:]}" if err else f"loaded ({path})"

@@ -1,6 +1,6 @@
-/* cpu_int8's packed runtime layout for codes that fit 5 or 6 bits (llama.cpp's Q5_0, Q5_1,
- * Q5_K and Q6_K blocks): Y[M, N] = X[M, K] W^T reading about 5 or 6 bits per weight, where the
- * row-major int8 codes read 8.
+/* cpu_int8's packed runtime layout (llama.cpp's Q5_0, Q5_1, Q5_K and Q6_K blocks, and 8-bit
+ * codes such as Q8_0): Y[M, N] = X[M, K] W^T reading about 5 or 6 bits per weight where the
+ * codes fit, in the int4 product's 64-row layout in every case.
  *
  * A weight is w = (u - off) * s + z, u the unsigned code (0..31 or 0..63), off 16 or 32, s and
  * z fp16 per group of kg input columns (z absent: 0). The codes are split in two:
@@ -12,6 +12,11 @@
  *    16-bit add of 16 << plane into the (128 + nibble) words before VDPBF16PS.
  * 128 + u stays exact in bf16 for u < 128, so the products are those of the int4 kernel:
  * per group, sum_k w x = s * sum (128 + u) x + (z - (128 + off) s) * sum x, in fp32.
+ *
+ * 8-bit codes (planes == 4, off 128) cannot take that path: 128 + u is not exact in bf16 once
+ * u reaches 128. They are two nibble planes in the same layout instead, u = 16 h + l, and each
+ * k-pair takes two VDPBF16PS passes: (128 + l) against x and (128 + h) against 16 x (exact, a
+ * power of two). Their sum is (u + 2176) x, so the base is 128 + off + 2048 = 2304.
  * Scales and offsets are group-major, [K/kg][N] fp16, so a group's 16 rows are one load.
  *
  * Without AVX512-BF16, VBMI and BW edge_lowbit_supported() is 0 and the caller keeps the
@@ -50,7 +55,28 @@ int edge_lowbit_openmp(void) {
 
 static int shape_ok(int64_t M, int64_t n, int64_t k, int64_t kg, int64_t planes, int64_t off) {
   return M >= 1 && n >= 64 && n % 64 == 0 && k >= 32 && k % 32 == 0 && kg >= 16 && kg % 16 == 0 &&
-         k % kg == 0 && (planes == 1 || planes == 2) && off == (16 << (planes - 1));
+         k % kg == 0 && (planes == 1 || planes == 2 || planes == 4) && off == (planes == 4 ? 128 : 16 << (planes - 1));
+}
+
+/* what sum (words) x adds to sum u x per unit of sum x: 128 + off, plus 16 * 128 for the
+   second nibble plane of 8-bit codes */
+static float lowbit_base(int64_t planes, int64_t off) {
+  return 128.0f + (float)off + (planes == 4 ? 2048.0f : 0.0f);
+}
+
+/* the unsigned code u at row r, column c (portable: the dequantizer and the gather) */
+static inline int lowbit_code(const uint8_t* nib, const uint8_t* hib, int64_t k, int64_t planes,
+                              int64_t r, int64_t c) {
+  const int64_t b = r / 64, jj = r % 64;
+  const int shift = jj < 32 ? 0 : 4;
+  const int64_t at = b * k * 32 + c * 32 + (jj % 32);
+  int u = (nib[at] >> shift) & 15;
+  if (planes == 4) return u | (((hib[at] >> shift) & 15) << 4);
+  const uint32_t* hm = (const uint32_t*)hib + b * (k / 2) * planes * 4 + (c / 2) * planes * 4 + (jj % 64) / 16;
+  const int bit = (int)(2 * (jj % 16) + (c & 1));
+  u |= (int)((hm[0] >> bit) & 1u) << 4;
+  if (planes == 2) u |= (int)((hm[4] >> bit) & 1u) << 5;
+  return u;
 }
 
 #ifdef EDGE_LOWBIT
@@ -87,12 +113,13 @@ static inline void lowbit_scales(const uint16_t* s, const uint16_t* z, int64_t n
 
 /* Block b (64 output rows) for M <= LOWBIT_MAX_M rows of X; sx[m * groups + g] = sum of group g of x_m */
 static inline __attribute__((always_inline)) void lowbit_block_m(
-    const uint8_t* nib, const uint32_t* hib, const uint16_t* s, const uint16_t* z, const float base,
-    const uint16_t* x, const float* sx, uint16_t* y, int64_t n, int64_t k, int64_t kg, int64_t b,
-    const int M, const int planes, const __m512i pick0, const __m512i pick1) {
+    const uint8_t* nib, const uint8_t* hib, const uint16_t* s, const uint16_t* z, const float base,
+    const uint16_t* x, const uint16_t* x16, const float* sx, uint16_t* y, int64_t n, int64_t k, int64_t kg,
+    int64_t b, const int M, const int planes, const __m512i pick0, const __m512i pick1) {
   const int64_t groups = k / kg;
   const uint8_t* pb = nib + b * k * 32;
-  const uint32_t* hb = hib + b * (k / 2) * planes * 4;
+  const uint8_t* hn = hib + b * k * 32; /* planes == 4: the high nibbles */
+  const uint32_t* hb = (const uint32_t*)hib + b * (k / 2) * (planes & 3) * 4;
   __m512 out[LOWBIT_MAX_M][4];
   for (int m = 0; m < M; m++)
     for (int i = 0; i < 4; i++) out[m][i] = _mm512_setzero_ps();
@@ -102,7 +129,23 @@ static inline __attribute__((always_inline)) void lowbit_block_m(
       for (int i = 0; i < 4; i++) acc[m][i] = _mm512_setzero_ps();
     for (int64_t kk = g * kg; kk < (g + 1) * kg; kk += 2) {
       __m512i a[4];
-      lowbit_words(pb, hb, kk, planes, pick0, pick1, a);
+      if (planes == 4) {
+        edge_nibble_words(pb + kk * 32, pick0, pick1, a);
+        __m512i h[4];
+        edge_nibble_words(hn + kk * 32, pick0, pick1, h);
+        const __m512bh h0 = (__m512bh)h[0], h1 = (__m512bh)h[1], h2 = (__m512bh)h[2], h3 = (__m512bh)h[3];
+        for (int m = 0; m < M; m++) {
+          const uint32_t* xp = (const uint32_t*)(x16 + m * k + kk);
+          __asm__("vdpbf16ps %4%{1to16%}, %5, %0\n\t"
+                  "vdpbf16ps %4%{1to16%}, %6, %1\n\t"
+                  "vdpbf16ps %4%{1to16%}, %7, %2\n\t"
+                  "vdpbf16ps %4%{1to16%}, %8, %3"
+                  : "+v"(acc[m][0]), "+v"(acc[m][1]), "+v"(acc[m][2]), "+v"(acc[m][3])
+                  : "m"(*xp), "v"(h0), "v"(h1), "v"(h2), "v"(h3));
+        }
+      } else {
+        lowbit_words(pb, hb, kk, planes, pick0, pick1, a);
+      }
       const __m512bh b0 = (__m512bh)a[0], b1 = (__m512bh)a[1], b2 = (__m512bh)a[2], b3 = (__m512bh)a[3];
       for (int m = 0; m < M; m++) {
         /* the x pair as an embedded {1to16} broadcast operand, as in int4_gemv.c */
@@ -129,44 +172,72 @@ static inline __attribute__((always_inline)) void lowbit_block_m(
 /* Block b of the weight transposed, as bf16 rows of W^T [K][N]: each k-pair's four vectors of
    (128 + u) words split into their k and k+1 halves, scaled in fp32, rounded once, and stored
    as 16 contiguous bf16 per row quarter. */
-static void lowbit_dequant_t_block(const uint8_t* nib, const uint32_t* hib, const uint16_t* s,
+static void lowbit_dequant_t_block(const uint8_t* nib, const uint8_t* hib, const uint16_t* s,
                                    const uint16_t* z, float base, uint16_t* outT, int64_t n, int64_t k,
                                    int64_t kg, int64_t b, int planes, __m512i pick0, __m512i pick1) {
   const __m512i hi16 = _mm512_set1_epi32((int)0xFFFF0000u);
+  const __m512 sixteen = _mm512_set1_ps(16.0f);
   const uint8_t* pb = nib + b * k * 32;
-  const uint32_t* hb = hib + b * (k / 2) * planes * 4;
+  const uint8_t* hn = hib + b * k * 32;
+  const uint32_t* hb = (const uint32_t*)hib + b * (k / 2) * (planes & 3) * 4;
+  const __m512 basev = _mm512_set1_ps(base);
   for (int64_t g = 0; g < k / kg; g++) {
-    __m512 sc[4], c[4];
-    for (int i = 0; i < 4; i++) lowbit_scales(s, z, n, g, b, i, base, &sc[i], &c[i]);
+    __m512 sc[4], zc[4];
+    for (int i = 0; i < 4; i++) {
+      const int64_t at = g * n + b * 64 + i * 16;
+      sc[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(s + at)));
+      zc[i] = z ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(z + at))) : _mm512_setzero_ps();
+    }
     for (int64_t kk = g * kg; kk < (g + 1) * kg; kk += 2) {
-      __m512i a[4];
-      lowbit_words(pb, hb, kk, planes, pick0, pick1, a);
+      __m512i a[4], h[4];
+      if (planes == 4) {
+        edge_nibble_words(pb + kk * 32, pick0, pick1, a);
+        edge_nibble_words(hn + kk * 32, pick0, pick1, h);
+      } else {
+        lowbit_words(pb, hb, kk, planes, pick0, pick1, a);
+      }
       for (int i = 0; i < 4; i++) {
-        const __m512 v0 = _mm512_castsi512_ps(_mm512_slli_epi32(a[i], 16));
-        const __m512 v1 = _mm512_castsi512_ps(_mm512_and_si512(a[i], hi16));
-        edge_store_bf16x16(outT + kk * n + b * 64 + i * 16, _mm512_fmadd_ps(v0, sc[i], c[i]));
-        edge_store_bf16x16(outT + (kk + 1) * n + b * 64 + i * 16, _mm512_fmadd_ps(v1, sc[i], c[i]));
+        __m512 v0 = _mm512_castsi512_ps(_mm512_slli_epi32(a[i], 16));
+        __m512 v1 = _mm512_castsi512_ps(_mm512_and_si512(a[i], hi16));
+        if (planes == 4) { /* (128 + l) + 16 (128 + h), exact in fp32 */
+          v0 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(h[i], 16)), sixteen, v0);
+          v1 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(h[i], hi16)), sixteen, v1);
+        }
+        /* the signed code (exact), times s, plus z: cpu_int8's own two roundings, so W^T
+           holds the int8 dequantizer's bf16 values */
+        v0 = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(v0, basev), sc[i]), zc[i]);
+        v1 = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(v1, basev), sc[i]), zc[i]);
+        edge_store_bf16x16(outT + kk * n + b * 64 + i * 16, v0);
+        edge_store_bf16x16(outT + (kk + 1) * n + b * 64 + i * 16, v1);
       }
     }
   }
 }
 
 #define LOWBIT_CASE(MM, PL) \
-  lowbit_block_m(nib, hib, s, z, base, xm, sxm, ym, n, k, kg, b, MM, PL, pick0, pick1)
+  lowbit_block_m(nib, hib, s, z, base, xm, x16m, sxm, ym, n, k, kg, b, MM, PL, pick0, pick1)
 #endif
 
 /* Y (bf16 [M, N], row stride N) = X (bf16 [M, K]) W^T on `threads` OpenMP threads, each
    64-row block read from memory once for every chunk of 4 rows of X. Returns 0, or -1 if
    unsupported (no AVX512-BF16/VBMI/BW, or a shape shape_ok refuses). */
-int edge_lowbit_gemv(const uint8_t* nib, const uint32_t* hib, const uint16_t* s, const uint16_t* z,
+int edge_lowbit_gemv(const uint8_t* nib, const uint8_t* hib, const uint16_t* s, const uint16_t* z,
                      const uint16_t* x, uint16_t* y, int64_t M, int64_t n, int64_t k, int64_t kg,
                      int64_t planes, int64_t off, int64_t threads) {
 #ifdef EDGE_LOWBIT
   if (!shape_ok(M, n, k, kg, planes, off)) return -1;
   const int64_t groups = k / kg, blocks = n / 64;
-  const float base = 128.0f + (float)off;
+  const float base = lowbit_base(planes, off);
   float* sx = (float*)malloc(sizeof(float) * M * groups);
-  if (!sx) return -1;
+  /* 16 x for the high nibble plane of 8-bit codes: exact, x is bf16 and 16 a power of two */
+  uint16_t* x16 = planes == 4 ? (uint16_t*)malloc(sizeof(uint16_t) * M * k) : NULL;
+  if (!sx || (planes == 4 && !x16)) {
+    free(sx);
+    free(x16);
+    return -1;
+  }
+  if (x16)
+    for (int64_t i = 0; i < M * k; i++) x16[i] = edge_f2bf(edge_bf2f(x[i]) * 16.0f);
   __m512i pick0, pick1;
   edge_pair_indices(&pick0, &pick1);
 #pragma omp parallel num_threads((int)(threads < 1 ? 1 : threads))
@@ -185,6 +256,7 @@ int edge_lowbit_gemv(const uint8_t* nib, const uint32_t* hib, const uint16_t* s,
     for (int64_t u = lo; u < hi; u++) {
       const int64_t b = u / chunks, m0 = (u % chunks) * LOWBIT_MAX_M;
       const uint16_t* xm = x + m0 * k;
+      const uint16_t* x16m = x16 ? x16 + m0 * k : NULL;
       const float* sxm = sx + m0 * groups;
       uint16_t* ym = y + m0 * n;
       const int64_t mm = M - m0 < LOWBIT_MAX_M ? M - m0 : LOWBIT_MAX_M;
@@ -195,17 +267,25 @@ int edge_lowbit_gemv(const uint8_t* nib, const uint32_t* hib, const uint16_t* s,
           case 3: LOWBIT_CASE(3, 1); break;
           default: LOWBIT_CASE(4, 1); break;
         }
-      } else {
+      } else if (planes == 2) {
         switch (mm) {
           case 1: LOWBIT_CASE(1, 2); break;
           case 2: LOWBIT_CASE(2, 2); break;
           case 3: LOWBIT_CASE(3, 2); break;
           default: LOWBIT_CASE(4, 2); break;
         }
+      } else {
+        switch (mm) {
+          case 1: LOWBIT_CASE(1, 4); break;
+          case 2: LOWBIT_CASE(2, 4); break;
+          case 3: LOWBIT_CASE(3, 4); break;
+          default: LOWBIT_CASE(4, 4); break;
+        }
       }
     }
   }
   free(sx);
+  free(x16);
   return 0;
 #else
   (void)nib; (void)hib; (void)s; (void)z; (void)x; (void)y; (void)M; (void)n; (void)k; (void)kg;
@@ -215,17 +295,17 @@ int edge_lowbit_gemv(const uint8_t* nib, const uint32_t* hib, const uint16_t* s,
 }
 
 /* The weight transposed, W^T as row-major bf16 [K][N], for a bf16 GEMM x @ W^T on prefill:
-   every store is 16 contiguous values. Each value is (128 + u) * s + (z - (128 + off) s) in
-   fp32, which equals (u - off) * s + z up to fp32 rounding, then rounded once to bf16.
+   every store is 16 contiguous values. Each value is (u - off) * s + z in fp32, then rounded
+   to bf16: the value edge_lowbit_dequant gives.
    Returns -1 where the product is unsupported. */
-int edge_lowbit_dequant_t(const uint8_t* nib, const uint32_t* hib, const uint16_t* s, const uint16_t* z,
+int edge_lowbit_dequant_t(const uint8_t* nib, const uint8_t* hib, const uint16_t* s, const uint16_t* z,
                           uint16_t* outT, int64_t n, int64_t k, int64_t kg, int64_t planes, int64_t off,
                           int64_t threads) {
 #ifdef EDGE_LOWBIT
   if (!shape_ok(1, n, k, kg, planes, off)) return -1;
   __m512i pick0, pick1;
   edge_pair_indices(&pick0, &pick1);
-  const float base = 128.0f + (float)off;
+  const float base = lowbit_base(planes, off);
 #pragma omp parallel for schedule(static) num_threads((int)(threads < 1 ? 1 : threads))
   for (int64_t b = 0; b < n / 64; b++)
     lowbit_dequant_t_block(nib, hib, s, z, base, outT, n, k, kg, b, (int)planes, pick0, pick1);
@@ -240,7 +320,7 @@ int edge_lowbit_dequant_t(const uint8_t* nib, const uint32_t* hib, const uint16_
 /* The whole weight as row-major bf16 [N][K]: w = (u - off) * s + z in fp32, rounded once, the
    same value cpu_int8's dequantizer gives for the signed code u - off. Portable C: the
    reference the tests hold the products to. */
-int edge_lowbit_dequant(const uint8_t* nib, const uint32_t* hib, const uint16_t* s, const uint16_t* z,
+int edge_lowbit_dequant(const uint8_t* nib, const uint8_t* hib, const uint16_t* s, const uint16_t* z,
                         uint16_t* out, int64_t n, int64_t k, int64_t kg, int64_t planes, int64_t off,
                         int64_t threads) {
   if (!shape_ok(1, n, k, kg, planes, off)) return -1;
@@ -249,20 +329,32 @@ int edge_lowbit_dequant(const uint8_t* nib, const uint32_t* hib, const uint16_t*
 #pragma omp parallel for schedule(static) num_threads((int)(threads < 1 ? 1 : threads))
 #endif
   for (int64_t r = 0; r < n; r++) {
-    const int64_t b = r / 64, jj = r % 64, i = jj / 16, j = jj % 16;
-    const uint8_t* pb = nib + b * k * 32 + (jj % 32);
-    const int shift = jj < 32 ? 0 : 4;
-    const uint32_t* hb = hib + b * (k / 2) * planes * 4 + i;
     uint16_t* o = out + r * k;
     for (int64_t c = 0; c < k; c++) {
-      const uint32_t* hm = hb + (c / 2) * planes * 4;
-      const int bit = (int)(2 * j + (c & 1));
-      int u = (pb[c * 32] >> shift) & 15;
-      u |= (int)((hm[0] >> bit) & 1u) << 4;
-      if (planes == 2) u |= (int)((hm[4] >> bit) & 1u) << 5;
       const int64_t at = (c / kg) * n + r;
       const float zf = z ? edge_h2f_soft(z[at]) : 0.0f;
-      o[c] = edge_f2bf((float)(u - off) * edge_h2f_soft(s[at]) + zf);
+      o[c] = edge_f2bf((float)(lowbit_code(nib, hib, k, planes, r, c) - off) * edge_h2f_soft(s[at]) + zf);
+    }
+  }
+  return 0;
+}
+
+/* Rows ids[0..T) of the weight as row-major bf16 [T][K], the values edge_lowbit_dequant gives:
+   an embedding looked up from the packed table (a head tied to it reads the same tensors).
+   Returns -1 for a shape the layout refuses or an id outside [0, n). Portable C. */
+int edge_lowbit_gather(const uint8_t* nib, const uint8_t* hib, const uint16_t* s, const uint16_t* z,
+                       const int64_t* ids, uint16_t* out, int64_t T, int64_t n, int64_t k, int64_t kg,
+                       int64_t planes, int64_t off) {
+  if (!shape_ok(1, n, k, kg, planes, off)) return -1;
+  for (int64_t t = 0; t < T; t++)
+    if (ids[t] < 0 || ids[t] >= n) return -1;
+  for (int64_t t = 0; t < T; t++) {
+    const int64_t r = ids[t];
+    uint16_t* o = out + t * k;
+    for (int64_t c = 0; c < k; c++) {
+      const int64_t at = (c / kg) * n + r;
+      const float zf = z ? edge_h2f_soft(z[at]) : 0.0f;
+      o[c] = edge_f2bf((float)(lowbit_code(nib, hib, k, planes, r, c) - off) * edge_h2f_soft(s[at]) + zf);
     }
   }
   return 0;

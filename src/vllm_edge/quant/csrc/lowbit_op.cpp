@@ -1,4 +1,4 @@
-// The CPU kernel of vllm_edge::lowbit_linear: cpu_int8's packed 5/6-bit product (lowbit_gemv.c)
+// The CPU kernel of vllm_edge::lowbit_linear: cpu_int8's packed product (lowbit_gemv.c)
 // as a dispatcher op, so a packed layer runs without a Python impl or ctypes between the
 // compiled graph and the C code. Up to 16 rows it is the product; more rows (prefill) take W^T
 // dequantized to bf16 and one GEMM, as the Python impl does. The schema, the fake impl and the
@@ -13,11 +13,11 @@
 #include <cstdint>
 #include <optional>
 
-extern "C" int edge_lowbit_gemv(const uint8_t* nib, const uint32_t* hib, const uint16_t* s,
+extern "C" int edge_lowbit_gemv(const uint8_t* nib, const uint8_t* hib, const uint16_t* s,
                                 const uint16_t* z, const uint16_t* x, uint16_t* y, int64_t M,
                                 int64_t n, int64_t k, int64_t kg, int64_t planes, int64_t off,
                                 int64_t threads);
-extern "C" int edge_lowbit_dequant_t(const uint8_t* nib, const uint32_t* hib, const uint16_t* s,
+extern "C" int edge_lowbit_dequant_t(const uint8_t* nib, const uint8_t* hib, const uint16_t* s,
                                      const uint16_t* z, uint16_t* outT, int64_t n, int64_t k,
                                      int64_t kg, int64_t planes, int64_t off, int64_t threads);
 
@@ -43,11 +43,11 @@ at::Tensor lowbit_linear(const at::Tensor& x, const at::Tensor& nibbles, const a
                 "vllm_edge::lowbit_linear: zero must match scale");
     zp = reinterpret_cast<const uint16_t*>(zero->const_data_ptr());
   }
-  const int64_t off = planes == 1 ? 16 : 32;
+  const int64_t off = planes == 4 ? 128 : planes == 2 ? 32 : 16;  // lowbit.OFFSETS
   const at::Tensor x2 = x.reshape({-1, k}).contiguous();
   const int64_t m = x2.size(0);
   const auto* nb = nibbles.const_data_ptr<uint8_t>();
-  const auto* hb = reinterpret_cast<const uint32_t*>(high.const_data_ptr());
+  const auto* hb = reinterpret_cast<const uint8_t*>(high.const_data_ptr());
   const auto* sp = reinterpret_cast<const uint16_t*>(scale.const_data_ptr());
   at::Tensor y;
   if (m <= kGemvRows) {

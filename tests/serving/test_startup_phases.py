@@ -82,3 +82,18 @@ def test_an_eager_first_start_is_said_once_on_the_terminal(tmp_path):
     show(tracker.finish())
     text = out.getvalue()
     assert text.count("compiled graph: not cached yet") == 1 and "graph.log" not in text
+
+
+def test_the_native_op_build_opens_its_phase(tmp_path):
+    """The line native_op logs when it builds an op (the int4 op, the packed op) is what opens
+    the phase, so a first start's tens of seconds of building are on screen, not in "loading"."""
+    from vllm_edge.quant.native_op import BUILDING
+
+    log = tmp_path / "serve.log"
+    log.write_text(LOG[4] + LOG[5] + "INFO [vllm-edge pid=1] "
+                   + BUILDING % "cpu_int8: the packed op (quant/csrc/lowbit_op.cpp)" + "\n")
+    clock = Clock()
+    tracker = PhaseTracker(log, clock=clock)
+    update = tracker.poll()
+    assert update.current == "building the native op (once per machine)"
+    assert [label for label, _ in update.ended] == ["starting the engine", "loading the weights"]

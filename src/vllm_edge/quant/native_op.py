@@ -40,6 +40,8 @@ from vllm_edge.common.errors import EdgeError
 from vllm_edge.quant import native
 
 logger = logging.getLogger("vllm_edge.quant")
+# the line a server's log gets when an op is built; `run` shows it as a phase (serving/startup_phases.py)
+BUILDING = "%s: building it once for this torch and CPU; this takes tens of seconds"
 NAMESPACE = "vllm_edge"
 OP = "int4_gemv"
 SCHEMA = f"{OP}(Tensor x, Tensor packed, Tensor scales_zeros, int group_size) -> Tensor"
@@ -175,7 +177,7 @@ def build_load_probe(what: str, path: Path, make: Callable[[], None], probe: Cal
     and ``probe`` it; None when it runs, else the error, logged once with what ``fallback`` is."""
     try:
         if not path.exists():
-            note("%s: building it once for this torch and CPU; this takes tens of seconds", what)
+            note(BUILDING, what)
             start = time.monotonic()
             make()
             note("%s: built %s in %.0f s", what, path, time.monotonic() - start)

@@ -21,7 +21,7 @@ PHASES: tuple[tuple[str, re.Pattern], ...] = tuple((label, re.compile(pattern)) 
     ("quantizing", r"^quantize \S+ g\d+"),
     ("starting the engine", r"Initializing a V1 LLM engine"),
     ("loading the weights", r"Starting to load model"),
-    ("building the native op (once per machine)", r"building the native op"),
+    ("building the native op (once per machine)", r": building it once for this torch and CPU"),
     ("compiling the model (cached for the next start)", r"Warming up model for the compilation"),
     ("allocating the KV cache", r"CPU KV cache size"),
     ("starting the API server", r"Starting vLLM server on"),

@@ -75,8 +75,12 @@ def test_routes_show_in_the_linear_group(profiled):
             assert "edge_int4_product" in dec and "aten::_weight_int4pack_mm_for_cpu" not in dec
         else:
             assert "aten::_weight_int4pack_mm_for_cpu" in dec
-    # the default build keeps the file's Q8_0 embedding, and the head tied to it, in cpu_int8
-    assert any("edge_cpu_int8_linear" in n for n in head), head
+    # the default build keeps the file's Q8_0 embedding, and the head tied to it, in cpu_int8:
+    # packed where quant/lowbit.py's product runs, else row-major
+    from vllm_edge.quant import lowbit
+
+    want = ("lowbit_linear", "edge_lowbit_product") if lowbit.supported() else ("edge_cpu_int8_linear",)
+    assert any(w in n for n in head for w in want), head
 
 
 def test_table_printed(profiled):

@@ -41,11 +41,17 @@ def test_op_counts_see_the_models_ops(stepped):
     ops = res["op_counts"]["ops"]
     layers = 30
     # four int4 linears per layer, each a Python-implemented vllm:: op unless the native op
-    # serves it; the head, tied to the file's Q8_0 embedding, is the one int8 linear
-    int4 = ops.get("vllm::edge_cpu_int4_linear", {}).get("calls_per_step", 0) + \
-        ops.get("vllm_edge::int4_gemv", {}).get("calls_per_step", 0)
-    assert int4 == 4 * layers
-    assert ops.get("vllm::edge_cpu_int8_linear", {}).get("calls_per_step", 0) == 1, sorted(ops)
+    # serves it; the head, tied to the file's Q8_0 embedding, is the one int8 linear: packed
+    # (the C++ op, or its Python fallback) where quant/lowbit.py's product runs, else row-major
+    from vllm_edge.quant import lowbit
+
+    def calls(*names):
+        return sum(ops.get(n, {}).get("calls_per_step", 0) for n in names)
+
+    assert calls("vllm::edge_cpu_int4_linear", "vllm_edge::int4_gemv") == 4 * layers
+    packed = calls("vllm_edge::lowbit_linear", "vllm::edge_cpu_int8_lowbit_linear")
+    rowmajor = calls("vllm::edge_cpu_int8_linear")
+    assert (packed, rowmajor) == ((1, 0) if lowbit.supported() else (0, 1)), sorted(ops)
     assert res["op_counts"]["python_op_calls_per_step"] >= layers  # attention at least
     d = res["int4_dispatch"]
     assert d["layer"].startswith("model.layers.0.") and d["op_us"] > 0 and d["impl_us"] > 0

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from support.cli_runner import run_cli
+from support.procs import gone
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
@@ -22,14 +23,6 @@ pytestmark = [pytest.mark.slow,
 PHASES = ["repacking the GGUF's codes", "starting the engine", "loading the weights",
           "building the native op (once per machine)", "allocating the KV cache",
           "starting the API server"]
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def test_a_first_start_shows_every_phase_in_the_terminal_before_the_answer(default_model_dir, tmp_path):
@@ -74,9 +67,9 @@ def test_a_first_start_shows_every_phase_in_the_terminal_before_the_answer(defau
         wait(r"Paris[\s\S]*>>> *$", 600)
         subprocess.run(["tmux", "send-keys", "-t", session, "/bye", "Enter"], check=True)
         deadline = time.time() + 10 + 120
-        while time.time() < deadline and not _gone(pid):
+        while time.time() < deadline and not gone(pid):
             time.sleep(1)
-        assert _gone(pid), "the server outlived its keep-alive"
+        assert gone(pid), "the server outlived its keep-alive"
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
         run_cli("stop", "--all", env=env, timeout=300)

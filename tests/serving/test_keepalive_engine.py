@@ -17,6 +17,7 @@ import time
 import pytest
 
 from support.cli_runner import run_cli
+from support.procs import gone
 
 pytestmark = pytest.mark.slow
 CLI = [sys.executable, "-m", "vllm_edge.cli"]
@@ -27,14 +28,6 @@ def _ps() -> list[dict]:
     proc = run_cli("ps", "-o", "json", timeout=120)
     assert proc.returncode == 0, proc.stderr
     return [r for r in json.loads(proc.stdout) if r["model"] == "default"]
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 @pytest.fixture(scope="module")
@@ -238,7 +231,7 @@ def test_stop_ends_the_server(first_runs):
     (row,) = _ps()
     proc = run_cli("stop", "default", timeout=300)
     assert proc.returncode == 0 and f"pid {row['pid']}" in proc.stdout
-    assert _gone(row["pid"]) and _ps() == []
+    assert gone(row["pid"]) and _ps() == []
     assert run_cli("stop", "default", timeout=120).returncode == 1  # nothing left to stop
 
 
@@ -247,7 +240,7 @@ def test_a_short_keep_alive_stops_by_itself(default_model_dir):
     assert proc.returncode == 0, proc.stderr[-2000:]
     pid = int(re.search(r"server pid (\d+)", proc.stderr).group(1))
     deadline = time.time() + 10 + 120
-    while time.time() < deadline and not _gone(pid):
+    while time.time() < deadline and not gone(pid):
         time.sleep(1)
-    assert _gone(pid), "the server outlived its keep-alive"
+    assert gone(pid), "the server outlived its keep-alive"
     assert _ps() == []

@@ -225,12 +225,7 @@ def gather(ids: torch.Tensor, nibbles: torch.Tensor, high: torch.Tensor, scale: 
     """Rows ``ids`` of the packed weight as bf16 ``[len(ids), K]``: an embedding lookup, the
     values :func:`dequantize_bf16` gives. An id outside the table raises ``IndexError``."""
     n, k = scale.shape[1], nibbles.shape[1]
-    flat = ids.reshape(-1).to(torch.int64).contiguous()
-    if flat.numel():
-        lo, hi = int(flat.min()), int(flat.max())
-        if lo < 0 or hi >= n:
-            raise IndexError(f"cpu_int8 embedding: token id {lo if lo < 0 else hi} is outside "
-                             f"the table of {n} rows")
+    flat = int8.checked_ids(ids, n)
     lib = library()
     out = torch.empty(flat.numel(), k, dtype=torch.bfloat16)
     if lib is not None and lib.edge_lowbit_gather(

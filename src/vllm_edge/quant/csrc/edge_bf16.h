@@ -76,6 +76,19 @@ static inline __attribute__((always_inline)) void edge_nibble_words(const uint8_
   a[3] = _mm512_or_si512(_mm512_srli_epi16(w1, 4), bias);
 }
 
+/* acc[i] += the bf16 pair at xp (broadcast as an embedded {1to16} operand: no separate
+   broadcast op) dotted with each pair of w[i], for the four word vectors of a k-pair */
+static inline __attribute__((always_inline)) void edge_dot4(__m512 acc[4], const uint16_t* xp,
+                                                            const __m512i w[4]) {
+  const __m512bh w0 = (__m512bh)w[0], w1 = (__m512bh)w[1], w2 = (__m512bh)w[2], w3 = (__m512bh)w[3];
+  __asm__("vdpbf16ps %4%{1to16%}, %5, %0\n\t"
+          "vdpbf16ps %4%{1to16%}, %6, %1\n\t"
+          "vdpbf16ps %4%{1to16%}, %7, %2\n\t"
+          "vdpbf16ps %4%{1to16%}, %8, %3"
+          : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3])
+          : "m"(*(const uint32_t*)xp), "v"(w0), "v"(w1), "v"(w2), "v"(w3));
+}
+
 /* 16 fp32 lanes rounded to nearest even bf16 and stored */
 static inline void edge_store_bf16x16(uint16_t* y, __m512 f) {
   __m512i u = _mm512_castps_si512(f);

@@ -77,17 +77,7 @@ static inline __attribute__((always_inline)) void gemv_block_m(
     for (int64_t kk = g * kg; kk < (g + 1) * kg; kk += 2) {
       __m512i a[4];
       edge_nibble_words(pb + kk * 32, pick0, pick1, a);
-      const __m512bh a0 = (__m512bh)a[0], a1 = (__m512bh)a[1], a2 = (__m512bh)a[2], a3 = (__m512bh)a[3];
-      for (int m = 0; m < M; m++) {
-        /* the x pair as an embedded {1to16} broadcast operand: no separate broadcast op */
-        const uint32_t* xp = (const uint32_t*)(x + m * k + kk);
-        __asm__("vdpbf16ps %4%{1to16%}, %5, %0\n\t"
-                "vdpbf16ps %4%{1to16%}, %6, %1\n\t"
-                "vdpbf16ps %4%{1to16%}, %7, %2\n\t"
-                "vdpbf16ps %4%{1to16%}, %8, %3"
-                : "+v"(acc[m][0]), "+v"(acc[m][1]), "+v"(acc[m][2]), "+v"(acc[m][3])
-                : "m"(*xp), "v"(a0), "v"(a1), "v"(a2), "v"(a3));
-      }
+      for (int m = 0; m < M; m++) edge_dot4(acc[m], x + m * k + kk, a);
     }
     const uint16_t* szr = sz + (g * n + b * 64) * 2;
     for (int i = 0; i < 4; i++) {

@@ -133,30 +133,11 @@ static inline __attribute__((always_inline)) void lowbit_block_m(
         edge_nibble_words(pb + kk * 32, pick0, pick1, a);
         __m512i h[4];
         edge_nibble_words(hn + kk * 32, pick0, pick1, h);
-        const __m512bh h0 = (__m512bh)h[0], h1 = (__m512bh)h[1], h2 = (__m512bh)h[2], h3 = (__m512bh)h[3];
-        for (int m = 0; m < M; m++) {
-          const uint32_t* xp = (const uint32_t*)(x16 + m * k + kk);
-          __asm__("vdpbf16ps %4%{1to16%}, %5, %0\n\t"
-                  "vdpbf16ps %4%{1to16%}, %6, %1\n\t"
-                  "vdpbf16ps %4%{1to16%}, %7, %2\n\t"
-                  "vdpbf16ps %4%{1to16%}, %8, %3"
-                  : "+v"(acc[m][0]), "+v"(acc[m][1]), "+v"(acc[m][2]), "+v"(acc[m][3])
-                  : "m"(*xp), "v"(h0), "v"(h1), "v"(h2), "v"(h3));
-        }
+        for (int m = 0; m < M; m++) edge_dot4(acc[m], x16 + m * k + kk, h);
       } else {
         lowbit_words(pb, hb, kk, planes, pick0, pick1, a);
       }
-      const __m512bh b0 = (__m512bh)a[0], b1 = (__m512bh)a[1], b2 = (__m512bh)a[2], b3 = (__m512bh)a[3];
-      for (int m = 0; m < M; m++) {
-        /* the x pair as an embedded {1to16} broadcast operand, as in int4_gemv.c */
-        const uint32_t* xp = (const uint32_t*)(x + m * k + kk);
-        __asm__("vdpbf16ps %4%{1to16%}, %5, %0\n\t"
-                "vdpbf16ps %4%{1to16%}, %6, %1\n\t"
-                "vdpbf16ps %4%{1to16%}, %7, %2\n\t"
-                "vdpbf16ps %4%{1to16%}, %8, %3"
-                : "+v"(acc[m][0]), "+v"(acc[m][1]), "+v"(acc[m][2]), "+v"(acc[m][3])
-                : "m"(*xp), "v"(b0), "v"(b1), "v"(b2), "v"(b3));
-      }
+      for (int m = 0; m < M; m++) edge_dot4(acc[m], x + m * k + kk, a);
     }
     for (int i = 0; i < 4; i++) {
       __m512 sc, c;

@@ -120,24 +120,12 @@ def dequantize_bf16(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | N
                       torch.bfloat16)
 
 
-def checked_ids(ids: torch.Tensor, n: int) -> torch.Tensor:
-    """``ids`` flattened to contiguous int64, each checked to be a row of an ``n``-row table
-    (``IndexError`` naming the first id outside it)."""
-    flat = ids.reshape(-1).to(torch.int64).contiguous()
-    if flat.numel():
-        lo, hi = int(flat.min()), int(flat.max())
-        if lo < 0 or hi >= n:
-            raise IndexError(f"cpu_int8 embedding: token id {lo if lo < 0 else hi} is outside "
-                             f"the table of {n} rows")
-    return flat
-
-
 def gather_rows(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int,
                 ids: torch.Tensor) -> torch.Tensor:
     """Rows ``ids`` of the weight as bf16 ``[len(ids), K]`` (an embedding lookup). An id
     outside the table raises ``IndexError``."""
     n, k = q.shape
-    flat = checked_ids(ids, n)
+    flat = native.checked_ids(ids, n, "cpu_int8 embedding")
     lib = library()
     if lib is not None and scale.dtype == torch.float16 and _native_ready(q, scale) and (
             zero is None or _native_ready(zero)):

@@ -225,7 +225,7 @@ def gather(ids: torch.Tensor, nibbles: torch.Tensor, high: torch.Tensor, scale: 
     """Rows ``ids`` of the packed weight as bf16 ``[len(ids), K]``: an embedding lookup, the
     values :func:`dequantize_bf16` gives. An id outside the table raises ``IndexError``."""
     n, k = scale.shape[1], nibbles.shape[1]
-    flat = int8.checked_ids(ids, n)
+    flat = native.checked_ids(ids, n, "cpu_int8 embedding")
     lib = library()
     out = torch.empty(flat.numel(), k, dtype=torch.bfloat16)
     if lib is not None and lib.edge_lowbit_gather(

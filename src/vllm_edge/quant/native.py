@@ -378,6 +378,17 @@ def workspace_bytes() -> int:
     return 0 if ws is None else ws.numel() * ws.element_size()
 
 
+def checked_ids(ids: torch.Tensor, n: int, what: str) -> torch.Tensor:
+    """``ids`` flattened to contiguous int64, each checked to be a row of ``what``'s ``n``-row
+    table (``IndexError`` naming the first id outside it): every embedding lookup's check."""
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    if flat.numel():
+        lo, hi = int(flat.min()), int(flat.max())
+        if lo < 0 or hi >= n:
+            raise IndexError(f"{what}: token id {lo if lo < 0 else hi} is outside the table of {n} rows")
+    return flat
+
+
 def gather_rows(packed: torch.Tensor, sz: torch.Tensor, kgroup: int,
                 ids: torch.Tensor) -> torch.Tensor | None:
     """Rows ``ids`` of the tinygemm-layout weight as bf16 ``[len(ids), K]`` (an embedding
@@ -388,12 +399,7 @@ def gather_rows(packed: torch.Tensor, sz: torch.Tensor, kgroup: int,
         return None
     n = packed.shape[0]
     k = sz.shape[0] * kgroup
-    flat = ids.reshape(-1).to(torch.int64).contiguous()
-    if flat.numel():
-        lo, hi = int(flat.min()), int(flat.max())
-        if lo < 0 or hi >= n:
-            raise IndexError(f"cpu_int4 embedding: token id {lo if lo < 0 else hi} is outside "
-                             f"the table of {n} rows")
+    flat = checked_ids(ids, n, "cpu_int4 embedding")
     out = torch.empty(flat.numel(), k, dtype=torch.bfloat16)
     lib.edge_int4_gather_rows(packed.data_ptr(), sz.data_ptr(), flat.data_ptr(), out.data_ptr(),
                               n, k, kgroup, flat.numel())

@@ -31,8 +31,14 @@ def test_set_show_clear_and_bye():
     rc, text, s = _repl(["/set temperature 0", "/set max_tokens 32", "/set system Be brief.",
                          "/show", "/clear", "", "/bye", "never read"])
     assert rc == 0 and (s.temperature, s.max_tokens, s.system) == (0.0, 32, "Be brief.")
-    assert "temperature=0.0 (/set) top_p=server default\nmax_tokens=32 system='Be brief.' history=0 messages" in text
+    assert "temperature=0.0 (/set) top_p=server default\nmax_tokens=32 system='Be brief.' (/set) history=0 messages" in text
     assert "(conversation cleared)" in text and text.startswith("hello\n")
+
+
+def test_an_empty_system_message_is_sent_as_an_empty_turn_and_none_as_no_turn():
+    user = [{"role": "user", "content": "hi"}]
+    assert chat.turn(user, chat.Settings(system="")) == [{"role": "system", "content": ""}, *user]
+    assert chat.turn(user, chat.Settings(system=None)) == user
 
 
 @pytest.mark.parametrize("line, needle", [("/set speed 3", "/set speed: unknown"),

@@ -14,6 +14,8 @@ Arms:
 - ``vllm-defaults-bf16``: the same defaults on the model unquantized (`run --quant none`): what
   the model itself answers at its own settings, the bound the quantized build is held to;
 - ``vllm-chat-before``: what the chat sent before (temperature 0.7, top_p 1.0);
+- ``vllm-generic-system``: the served defaults with run's generic system message ("You are a
+  helpful assistant.") in place of the model's own, where vllm-edge keeps one;
 - ``llamacpp-python``: llama-cpp-python's ``create_chat_completion`` at its own defaults on a
   GGUF file (temperature 0.2, top_k 40, top_p 0.95, min_p 0.05);
 - ``llamacpp-server``: the same file at llama.cpp's server and CLI defaults (temperature 0.8,
@@ -32,7 +34,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-SYSTEM = "You are a helpful assistant."  # `run`'s own default system message
+DEFAULT = object()  # the system message `run` sends for the model (serving/run.default_system)
 FRANCE = ("What is the capital of France?", ("paris",))
 PROMPTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     FRANCE,
@@ -92,7 +94,7 @@ def _score(ask: Callable[[str], str], prompts, samples: int) -> dict[str, Any]:
 
 
 def vllm_arm(model: str, quant: str, sampling: dict[str, Any], max_tokens: int,
-             system: str | None = SYSTEM, eager: bool = False) -> Callable[[str], str]:
+             system: str | None, eager: bool = False) -> Callable[[str], str]:
     """``eager``: on a server of its own started eager (stopped by :func:`stop_server`), as a
     first start serves; else on the running server or one started as `run` starts it."""
     from vllm_edge.serving import chat, keepalive
@@ -127,14 +129,14 @@ def server_defaults(model: str, quant: str) -> dict[str, Any]:
 
 
 def llamacpp_arm(gguf: Path, sampling: dict[str, Any], max_tokens: int,
-                 system: str | None = SYSTEM) -> tuple[Callable[[str], str], Any]:
+                 system: str | None) -> tuple[Callable[[str], str], Any]:
     from llama_cpp import Llama
 
     llm = Llama(model_path=str(gguf), n_ctx=2048, verbose=False, seed=int(time.time()))
 
     def ask(prompt: str) -> str:
         # no system message: the file's chat template puts in its own default, as in vLLM
-        first = [{"role": "system", "content": system}] if system else []
+        first = [{"role": "system", "content": system}] if system is not None else []
         out = llm.create_chat_completion(first + [{"role": "user", "content": prompt}],
                                          max_tokens=max_tokens, **sampling)
         return out["choices"][0]["message"]["content"] or ""
@@ -145,14 +147,18 @@ def run(model: str = "default", *, gguf: str | None = None, samples: int = 3, fr
         max_tokens: int = 256, arms: tuple[str, ...] = ("vllm-defaults", "vllm-chat-before",
                                                        "llamacpp-python", "llamacpp-server"),
         out: str | None = None, say: Callable[[str], None] = lambda _: None,
-        system: str | None = SYSTEM) -> dict[str, Any]:
+        system: Any = DEFAULT) -> dict[str, Any]:
     """``system``: the system message every arm sends (None: none, so each engine applies the
-    chat template's own default)."""
+    chat template's own default; :data:`DEFAULT`: what `run` sends for ``model``)."""
     from vllm_edge.common import atomic, provenance
     from vllm_edge.models import store
 
     if gguf is None and (model == "default" or model in store.MODELS):
         gguf = str(store.source_gguf(store.resolve_key(model)))
+    from vllm_edge.serving.run import DEFAULT_SYSTEM, default_system
+
+    if system is DEFAULT:
+        system = default_system(model)[0]
     prompts = PROMPTS
     result: dict[str, Any] = {"benchmark": "sampling_defaults", "model": model, "gguf": gguf and Path(gguf).name,
                               "samples_per_prompt": samples, "france_asked": france,
@@ -176,6 +182,8 @@ def run(model: str = "default", *, gguf: str | None = None, samples: int = 3, fr
             close = functools.partial(stop_server, model, "none")
         elif arm == "vllm-chat-before":
             ask = vllm_arm(model, "auto", OLD_CHAT, max_tokens, system)
+        elif arm == "vllm-generic-system":
+            ask = vllm_arm(model, "auto", {}, max_tokens, DEFAULT_SYSTEM)
         elif arm in ("llamacpp-python", "llamacpp-server"):
             if not gguf:
                 continue

@@ -27,6 +27,9 @@ class EmbeddedModel:
     card_name: str = ""
     # the sampling its model card recommends, served as the default (serving/sampling.py)
     sampling: dict = field(default_factory=dict)
+    # the system message `run` sends unless given one (None: run's generic one); "" is an
+    # empty system turn, which keeps the chat template from putting in its own
+    system: str | None = None
 
     @property
     def install_hint(self) -> str:
@@ -42,6 +45,9 @@ MODELS = {
         description="SmolLM2-135M-Instruct (Llama architecture, tied head, vocab 49152)",
         card_name="SmolLM2-135M-Instruct",
         sampling={"temperature": 0.2, "top_p": 0.9},
+        # at those settings "You are a helpful assistant." sends a third of the answers off
+        # into French; an empty system turn does not (bench sampling, docs/guide/run.md)
+        system="",
     ),
 }
 DEFAULT = "smollm2-135m"

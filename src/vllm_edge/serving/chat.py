@@ -37,7 +37,9 @@ class Settings:
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int = 512
+    # None: no system turn (the template's own default applies); "": an empty one
     system: str | None = None
+    system_source: str | None = None
     server: dict = field(default_factory=dict)
     server_source: str | None = None
 
@@ -71,6 +73,8 @@ class Settings:
         if name == "max_tokens" and v < 1 or name in ("temperature", "top_p") and v < 0:
             raise ChatError(f"/set {name} {value}: out of range")
         setattr(self, name, v or None if name == "system" else v)
+        if name == "system":
+            self.system_source = "/set"
         return f"{name} = {getattr(self, name)!r}"
 
 
@@ -135,7 +139,7 @@ def stream_answer(base_url: str, model: str, messages: list[dict], settings: Set
 
 
 def turn(messages: list[dict], settings: Settings) -> list[dict]:
-    return ([{"role": "system", "content": settings.system}] if settings.system else []) + messages
+    return ([{"role": "system", "content": settings.system}] if settings.system is not None else []) + messages
 
 
 def repl(base_url: str, model: str, settings: Settings, *, banner: str,
@@ -177,7 +181,9 @@ def repl(base_url: str, model: str, settings: Settings, *, banner: str,
                 out.write("(conversation cleared)\n")
             elif cmd == "/show":
                 out.write(f"{settings.show()}\nmax_tokens={settings.max_tokens} "
-                          f"system={settings.system!r} history={len(history)} messages\n")
+                          f"system={settings.system!r}"
+                          + (f" ({settings.system_source})" if settings.system_source else "")
+                          + f" history={len(history)} messages\n")
             elif cmd == "/set":
                 name, _, value = rest.strip().partition(" ")
                 try:

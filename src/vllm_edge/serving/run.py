@@ -28,6 +28,19 @@ RUN_BATCH_TOKENS = 128
 SPEC_PREFIX = "vllm:spec_decode_num_"
 
 
+def default_system(model: str) -> tuple[str | None, str]:
+    """The system message `run` sends for ``model`` unless given one, and where it comes from:
+    an embedded model's own (chosen by measurement, "" an empty system turn), else
+    :data:`DEFAULT_SYSTEM`."""
+    from vllm_edge.models import store
+
+    if model == "default" or model in store.MODELS:
+        embedded = store.resolve_key(model)
+        if embedded.system is not None:
+            return embedded.system, f"{embedded.card_name}'s default in vllm-edge (measured, docs/guide/run.md)"
+    return DEFAULT_SYSTEM, "run's default"
+
+
 def _histogram(metrics: list, name: str) -> tuple[int, float]:
     count, total = 0, 0.0
     for m in metrics:
@@ -129,7 +142,7 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
             content = [*({"type": "image_pil", "image_pil": li.image} for li in loaded),
                        {"type": "text", "text": prompt}]
         messages = [{"role": "user", "content": content}]
-        if system:
+        if system is not None:
             messages.insert(0, {"role": "system", "content": system})
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
         t1 = time.time()

@@ -11,8 +11,8 @@ from vllm_edge.cli.args import add_out
 NAME = "sampling"
 HELP = ("coherent answers at the default sampling: vLLM's served defaults (compiled, eager as a "
         "first start serves, and on the unquantized model), the chat's old ones, llama.cpp's")
-ARMS = ("vllm-defaults", "vllm-defaults-eager", "vllm-defaults-bf16", "vllm-chat-before", "llamacpp-python",
-        "llamacpp-server")
+ARMS = ("vllm-defaults", "vllm-defaults-eager", "vllm-defaults-bf16", "vllm-chat-before",
+        "vllm-generic-system", "llamacpp-python", "llamacpp-server")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -24,7 +24,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--system", default=None,
                    help="the system message every arm sends ('' for none: each engine applies the "
-                        "chat template's own default; default: run's)")
+                        "chat template's own default; default: what run sends for the model)")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     add_out(p, help="write the full result JSON with provenance here (default: benchmarks/results/sampling/"
                     "<this host>.json)")
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
                          f"choose from {', '.join(ARMS)}")
     if args.samples < 1 or args.france < 1 or args.max_tokens < 1:
         raise UsageError("--samples, --france and --max-tokens must be at least 1")
-    system = sampling_defaults.SYSTEM if args.system is None else args.system or None
+    system = sampling_defaults.DEFAULT if args.system is None else args.system or None
     result = sampling_defaults.run(args.model, gguf=args.gguf, samples=args.samples, france=args.france,
                                    max_tokens=args.max_tokens, arms=arms, system=system,
                                    out=args.out or host_artifact("benchmarks/results/sampling"),

@@ -100,15 +100,18 @@ _SAMPLING_ARMS = {
     "vllm-defaults": ("vLLM at the served defaults",) * 2,
     "vllm-defaults-eager": ("vLLM at the served defaults, eager (a first start)",) * 2,
     "vllm-defaults-bf16": ("vLLM at the served defaults, the model unquantized (bf16)",) * 2,
+    "vllm-generic-system": ("vLLM at the served defaults, run's generic system message",) * 2,
     "llamacpp-python": ("llama-cpp-python defaults, same file", "llama-cpp-python defaults"),
     "llamacpp-server": ("llama.cpp server defaults, same file", "llama.cpp server defaults"),
 }
 
 
-def _sampling_claims(artifact: str, arms: tuple[str, ...]) -> tuple[Claim, ...]:
-    """A `bench sampling` artifact's counts: each arm on the 20 prompts, then each on France."""
+def _sampling_claims(artifact: str, arms: tuple[str, ...], samples: int = 1) -> tuple[Claim, ...]:
+    """A `bench sampling` artifact's counts: each arm on the 20 prompts (``samples`` answers
+    each), then each on France."""
     section = "Default path: coherent answers at the default sampling"
-    return (*(Claim(section, f"coherent of 20 prompts, {_SAMPLING_ARMS[a][0]}", artifact,
+    asked = "20 prompts" if samples == 1 else f"{20 * samples} answers (20 prompts × {samples})"
+    return (*(Claim(section, f"coherent of {asked}, {_SAMPLING_ARMS[a][0]}", artifact,
                     ("arms", a, "coherent"), "{}") for a in arms),
             *(Claim(section, f"coherent of 20 capital-of-France answers, {_SAMPLING_ARMS[a][1]}", artifact,
                     ("arms", a, "france", "coherent"), "{}") for a in arms))
@@ -183,9 +186,10 @@ CLAIMS: tuple[Claim, ...] = (
     # the same prompt set on an AVX2-only EPYC, with the eager server a first start serves
     *_sampling_claims(_SAMPLING_AVX2, ("vllm-defaults", "vllm-defaults-eager", "llamacpp-python",
                                        "llamacpp-server")),
-    # the same prompt set on the Intel Xeon AMX host, with the model unquantized at the same defaults
-    *_sampling_claims(_SAMPLING_INTEL, ("vllm-defaults", "vllm-defaults-bf16", "llamacpp-python",
-                                        "llamacpp-server")),
+    # the same prompt set on the Intel Xeon AMX host, with run's system message for the model
+    # (an empty turn for SmolLM2), the generic one beside it, and the model unquantized
+    *_sampling_claims(_SAMPLING_INTEL, ("vllm-defaults", "vllm-generic-system", "vllm-defaults-bf16",
+                                        "llamacpp-python", "llamacpp-server"), samples=3),
     Claim("Default path: the keep-alive server", "RssAnon, run's shipped server (one process, one sequence), warm",
           _SERVER_INTEL, ("arms", "shipped", "median", "server_rss_anon_mb"), "{:.0f} MB", target=("<=", 700)),
     Claim("Default path: the keep-alive server", "spawn to first token, run's shipped server, warm caches",

@@ -68,11 +68,16 @@ def test_llama_cpp_is_the_reference_of_a_vllm_build_of_the_same_file(tmp_path, d
     from vllm_edge.models import store
 
     ref = tmp_path / "ref"
+    # three short prompts: a long-context prompt's prefill takes llama.cpp seconds here, and the
+    # figures asserted below come from the corpus chunks
     saved = _fidelity("--engine", "llama.cpp", "--model", "default", "--save-ref", str(ref),
+                      "--prompts", "chat-capital,chat-code,tool-weather",
                       "--corpus-chunks", "2", "--chunk-len", "256", "--greedy-tokens", "8")
     assert saved["benchmark"] == "fidelity-reference"
+    meta = json.loads((ref / "meta.json").read_text())
+    assert meta["prompts"] == ["chat-capital", "chat-code", "tool-weather"] and len(meta["prompt_ids"]) == 3
     # llama.cpp scored against its own reference is perfect; on a cut of it (two prompts, one
-    # chunk): the greedy prompts' prefill is most of a llama.cpp pass here
+    # chunk)
     itself = _fidelity("--engine", "llama.cpp", "--model", "default", "--ref",
                        str(_cut(ref, tmp_path / "ref-cut", prompts=2)))
     assert itself["top1_agreement"] == 1.0 and itself["kl_mean"] < 1e-9 and itself["exact_matches"] == 2

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from vllm_edge.bench import prompts
 
 
@@ -46,3 +48,13 @@ def test_corpus_chunks_and_scored_range():
     assert r.start == 256 and r.stop == 511 and len(r) == 255
     cid = prompts.corpus_id()
     assert cid["source"] == "pydoc_data.topics" and len(cid["sha256"]) == 64
+
+
+def test_a_selection_keeps_the_named_prompts_in_their_order_and_refuses_unknown_ids():
+    picked = prompts.select_fidelity_prompts(("tool-weather", "chat-capital"))
+    assert [p["id"] for p in picked] == ["chat-capital", "tool-weather"]
+    assert len(prompts.select_fidelity_prompts(None)) == 12
+    with pytest.raises(ValueError, match=r"\['chat-nope'\]; known: chat-capital"):
+        prompts.select_fidelity_prompts(("chat-capital", "chat-nope"))
+    with pytest.raises(ValueError, match="none given"):
+        prompts.select_fidelity_prompts(())

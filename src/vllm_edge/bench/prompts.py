@@ -135,6 +135,19 @@ def fidelity_prompts() -> list[dict]:
     return out
 
 
+def select_fidelity_prompts(ids: Sequence[str] | None) -> list[dict]:
+    """The fidelity prompts named by ``ids``, in their own order (None: all 12); an unknown id
+    is refused with the known ones."""
+    ps = fidelity_prompts()
+    if ids is None:
+        return ps
+    known = [p["id"] for p in ps]
+    unknown = sorted(set(ids) - set(known))
+    if unknown or not ids:
+        raise ValueError(f"unknown fidelity prompt ids {unknown or '(none given)'}; known: {', '.join(known)}")
+    return [p for p in ps if p["id"] in ids]
+
+
 # --- teacher-forced corpus ----------------------------------------------------
 
 def corpus_text() -> str:

@@ -29,6 +29,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-len", type=int, default=defaults.DEFAULT_CHUNK, help="tokens per chunk")
     p.add_argument("--greedy-tokens", type=int, default=defaults.DEFAULT_GREEDY_TOKENS,
                    help="greedy tokens per prompt (with --ref the reference decides)")
+    p.add_argument("--prompts", metavar="ID[,ID...]", default=None,
+                   help="with --save-ref: the fidelity prompts to keep, by id (default: all 12; "
+                        "with --ref the reference decides)")
     p.add_argument("--kl-k", type=int, default=defaults.DEFAULT_KL_K,
                    help="reference top-k ids the KL covers, plus a tail bucket (default %(default)s)")
     add_torch_dtype(p)
@@ -48,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from vllm_edge.bench.fidelity.run import format_metrics, metric_line
     from vllm_edge.bench.fidelity.run import run as fidelity_run
 
+    prompts = tuple(p for p in args.prompts.split(",") if p) if args.prompts is not None else None
     if args.engine == "llama.cpp":
         from vllm_edge.bench.llamacpp.fidelity import against_reference
 
@@ -64,13 +68,14 @@ def run(args: argparse.Namespace) -> int:
             result = against_reference(gguf, save_ref=args.save_ref, ref=args.ref, out=args.out,
                                        tokenizer=tokenizer, corpus_chunks=args.corpus_chunks,
                                        chunk_len=args.chunk_len, greedy_tokens=args.greedy_tokens,
-                                       kl_k=args.kl_k)
+                                       kl_k=args.kl_k, prompts=prompts)
     else:
         with reported(ValueError, FileNotFoundError):
             result = fidelity_run(args.model, save_ref=args.save_ref, ref=args.ref, out=args.out,
                                   corpus_chunks=args.corpus_chunks, chunk_len=args.chunk_len,
                                   greedy_tokens=args.greedy_tokens, kl_k=args.kl_k, dtype=args.dtype,
-                                  enforce_eager=args.enforce_eager, quant=args.quant, group=args.group)
+                                  enforce_eager=args.enforce_eager, quant=args.quant, group=args.group,
+                                  prompts=prompts)
     if result["benchmark"] == "fidelity-reference":
         print(f"[fidelity] saved reference {result['reference']}: {result['prompts']} prompts, "
               f"{result['chunks']} corpus chunks, top-{result['k']}", file=sys.stderr)

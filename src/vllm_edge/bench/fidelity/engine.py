@@ -122,7 +122,9 @@ def save_reference(path: str | os.PathLike, data: dict, meta: dict | None = None
         ids[t] = torch.tensor([i for i, _ in top])
         lp[t] = torch.tensor([v for _, v in top], dtype=torch.float64)
     body = {"format": REF_FORMAT, "k": k, "corpus": P.corpus_id(),
-            "prompts": [p["id"] for p in P.fidelity_prompts()],
+            # the prompts' names: a selection's (``--prompts``), else the first of the 12
+            "prompts": (data.get("prompts")
+                        or [p["id"] for p in P.fidelity_prompts()][:len(data["prompt_ids"])]),
             "prompt_ids": data["prompt_ids"], "greedy": data["greedy"], "chunks": data["chunks"],
             "meta": meta or {}}
     with atomic.directory(path, kind=REF_KIND) as tmp:

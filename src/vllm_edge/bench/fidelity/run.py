@@ -67,13 +67,16 @@ def run(model: str, save_ref: str | None = None, ref: str | None = None, out: st
         corpus_chunks: int = DEFAULT_CORPUS_CHUNKS, chunk_len: int = fidelity.DEFAULT_CHUNK,
         greedy_tokens: int = fidelity.DEFAULT_GREEDY_TOKENS, kl_k: int = fidelity.DEFAULT_KL_K,
         dtype: str = "bfloat16", enforce_eager: bool = False, quant: str | None = None,
-        group: int = DEFAULT_GROUP) -> dict:
+        group: int = DEFAULT_GROUP, prompts: tuple[str, ...] | None = None) -> dict:
+    """``prompts``: the fidelity prompts a saved reference holds, by id (None: all 12)."""
     from vllm_edge.bench import prompts as P
     from vllm_edge.common import atomic, provenance
     from vllm_edge.models.resolver import ensure_model, own_scheme
 
     if (save_ref is None) == (ref is None):
         raise ValueError("give exactly one of --save-ref DIR or --ref DIR")
+    if prompts is not None and ref is not None:
+        raise ValueError("--prompts picks what --save-ref saves; with --ref the reference decides")
     quant = quant or own_scheme(model)
     path = Path(ensure_model(model, quant, group if quant else None))
     build = f"{path.name} ({dtype}, {'eager' if enforce_eager else 'compiled'})"
@@ -85,7 +88,9 @@ def run(model: str, save_ref: str | None = None, ref: str | None = None, out: st
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(path))
-        prompt_ids = fidelity.chat_prompt_ids(tok)
+        items = P.select_fidelity_prompts(prompts)
+        names = [p["id"] for p in items]
+        prompt_ids = fidelity.chat_prompt_ids(tok, items)
         chunks = P.corpus_chunks(lambda s: tok.encode(s, add_special_tokens=False), chunk_len, corpus_chunks)
         k = fidelity.DEFAULT_K
     llm, edge = _engine(path, needed_len(prompt_ids, chunks, greedy_tokens), k, dtype, enforce_eager)
@@ -95,9 +100,9 @@ def run(model: str, save_ref: str | None = None, ref: str | None = None, out: st
     prov = provenance.collect(model=path)
     repack = _repack_summary(path)
     if save_ref is not None:
-        fidelity.save_reference(save_ref, data, meta={"model": str(path), "build": build,
-                                                      "greedy_tokens": greedy_tokens,
-                                                      "provenance": prov})
+        fidelity.save_reference(save_ref, {**data, "prompts": names},
+                                meta={"model": str(path), "build": build, "greedy_tokens": greedy_tokens,
+                                      "provenance": prov})
         result = {"benchmark": "fidelity-reference", "build": build, "model": str(path),
                   "reference": str(save_ref), "prompts": len(prompt_ids), "chunks": len(chunks),
                   "k": k, "engine": edge.describe(), "provenance": prov}

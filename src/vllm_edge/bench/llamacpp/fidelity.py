@@ -102,7 +102,7 @@ def against_reference(gguf: str | Path, *, save_ref: str | None = None, ref: str
                       tokenizer: str | Path | None = None, out: str | None = None,
                       corpus_chunks: int | None = None, chunk_len: int | None = None,
                       greedy_tokens: int | None = None, kl_k: int = DEFAULT_KL_K,
-                      threads: int | None = None) -> dict:
+                      threads: int | None = None, prompts: tuple[str, ...] | None = None) -> dict:
     """`vllm-edge fidelity --engine llama.cpp`: llama.cpp on ``gguf`` saved as a reference, or
     scored against one (a vLLM build's, or another GGUF's), with vLLM's token ids and metrics, so
     one table compares the engines on the same file."""
@@ -114,6 +114,8 @@ def against_reference(gguf: str | Path, *, save_ref: str | None = None, ref: str
 
     if (save_ref is None) == (ref is None):
         raise ValueError("give exactly one of --save-ref DIR or --ref DIR")
+    if prompts is not None and ref is not None:
+        raise ValueError("--prompts picks what --save-ref saves; with --ref the reference decides")
     if not llamacpp_runner.available():
         raise ValueError(llamacpp_runner.SKIP_REASON)
     gguf = Path(gguf)
@@ -129,7 +131,9 @@ def against_reference(gguf: str | Path, *, save_ref: str | None = None, ref: str
         prompt_ids, chunks, k = reference["prompt_ids"], reference["chunks"], reference["k"]
         greedy_tokens = reference["meta"].get("greedy_tokens", greedy_tokens or fidelity.DEFAULT_GREEDY_TOKENS)
     else:
-        prompt_ids = fidelity.chat_prompt_ids(tok.tokenizer)
+        items = P.select_fidelity_prompts(prompts)
+        names = [p["id"] for p in items]
+        prompt_ids = fidelity.chat_prompt_ids(tok.tokenizer, items)
         chunks = P.corpus_chunks(tok.encode, chunk_len or fidelity.DEFAULT_CHUNK,
                                  corpus_chunks or DEFAULT_CORPUS_CHUNKS)
         k = fidelity.DEFAULT_K
@@ -138,8 +142,9 @@ def against_reference(gguf: str | Path, *, save_ref: str | None = None, ref: str
     prov = provenance.collect(model=gguf, threads=threads)
     engine = {"engine": "llama.cpp", "threads": threads}
     if save_ref is not None:
-        fidelity.save_reference(save_ref, data, meta={"model": str(gguf), "build": build,
-                                                      "greedy_tokens": greedy_tokens, "provenance": prov})
+        fidelity.save_reference(save_ref, {**data, "prompts": names},
+                                meta={"model": str(gguf), "build": build, "greedy_tokens": greedy_tokens,
+                                      "provenance": prov})
         result = {"benchmark": "fidelity-reference", "build": build, "model": str(gguf),
                   "reference": str(save_ref), "prompts": len(prompt_ids), "chunks": len(chunks),
                   "k": k, "engine": engine, "provenance": prov}

@@ -63,12 +63,7 @@ class Inputs:
 
 
 def build_inputs(hf, cfg: VerifyConfig) -> Inputs:
-    ps = fid_prompts.fidelity_prompts()
-    if cfg.prompt_ids is not None:
-        unknown = set(cfg.prompt_ids) - {p["id"] for p in ps}
-        if unknown:
-            raise ValueError(f"unknown fidelity prompt ids {sorted(unknown)}")
-        ps = [p for p in ps if p["id"] in cfg.prompt_ids]
+    ps = fid_prompts.select_fidelity_prompts(cfg.prompt_ids)
     texts = [hf.tokenizer.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=False)
              for p in ps]
     chunks = fid_prompts.corpus_chunks(hf.encode, cfg.chunk_len, cfg.chunks) if cfg.chunks else []

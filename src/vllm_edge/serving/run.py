@@ -37,7 +37,7 @@ def default_system(model: str) -> tuple[str | None, str]:
     if model == "default" or model in store.MODELS:
         embedded = store.resolve_key(model)
         if embedded.system is not None:
-            return embedded.system, f"{embedded.card_name}'s default in vllm-edge (measured, docs/guide/run.md)"
+            return embedded.system, f"{embedded.card_name}'s default in vllm-edge, measured: docs/guide/run.md"
     return DEFAULT_SYSTEM, "run's default"
 
 

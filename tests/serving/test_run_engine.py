@@ -70,14 +70,14 @@ def test_one_sequence_and_the_models_own_template(result):
 
     from transformers import AutoTokenizer
 
-    from vllm_edge.serving.run import RUN_BATCH_TOKENS, default_system
+    from vllm_edge.serving.run import RUN_BATCH_TOKENS, system_message
 
     args = result["engine"]["engine_args"]
     assert args["max_num_seqs"] == 1 and args["max_num_batched_tokens"] == RUN_BATCH_TOKENS
     tok = AutoTokenizer.from_pretrained(result["model"])
     assert args["chat_template"] == tok.chat_template and (Path(result["model"]) / "config.json").exists()
     # the model's own system message (an empty turn for the embedded model), as run sends it
-    ids = tok.apply_chat_template([{"role": "system", "content": default_system("default")[0]},
+    ids = tok.apply_chat_template([{"role": "system", "content": system_message("default")[0]},
                                    {"role": "user", "content": result["prompt"]}],
                                   add_generation_prompt=True, tokenize=True)
     ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids

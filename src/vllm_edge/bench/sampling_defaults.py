@@ -34,7 +34,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-DEFAULT = object()  # the system message `run` sends for the model (serving/run.default_system)
 FRANCE = ("What is the capital of France?", ("paris",))
 PROMPTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     FRANCE,
@@ -147,18 +146,15 @@ def run(model: str = "default", *, gguf: str | None = None, samples: int = 3, fr
         max_tokens: int = 256, arms: tuple[str, ...] = ("vllm-defaults", "vllm-chat-before",
                                                        "llamacpp-python", "llamacpp-server"),
         out: str | None = None, say: Callable[[str], None] = lambda _: None,
-        system: Any = DEFAULT) -> dict[str, Any]:
+        system: str | None) -> dict[str, Any]:
     """``system``: the system message every arm sends (None: none, so each engine applies the
-    chat template's own default; :data:`DEFAULT`: what `run` sends for ``model``)."""
+    chat template's own default; what `run` sends: ``serving.run.system_message(model)[0]``)."""
     from vllm_edge.common import atomic, provenance
     from vllm_edge.models import store
+    from vllm_edge.serving.run import DEFAULT_SYSTEM
 
     if gguf is None and (model == "default" or model in store.MODELS):
         gguf = str(store.source_gguf(store.resolve_key(model)))
-    from vllm_edge.serving.run import DEFAULT_SYSTEM, default_system
-
-    if system is DEFAULT:
-        system = default_system(model)[0]
     prompts = PROMPTS
     result: dict[str, Any] = {"benchmark": "sampling_defaults", "model": model, "gguf": gguf and Path(gguf).name,
                               "samples_per_prompt": samples, "france_asked": france,

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     with reported(ValueError):
         result = chat.run(
             model=args.model, prompt=chat.DEFAULT_PROMPT if args.prompt is None else args.prompt,
-            system=chat.default_system(args.model)[0] if args.system is None else args.system or None,
+            system=chat.system_message(args.model, args.system)[0],
             max_tokens=args.max_tokens or 64, max_model_len=args.max_model_len,
             enforce_eager=args.enforce_eager, one_process=not args.multiprocess, as_json=as_json,
             dtype=weight_dtype(args.quant), priority=args.priority, images=args.image,
@@ -106,7 +106,7 @@ def client(args: argparse.Namespace, keep_s: float) -> int:
     from vllm_edge.common.errors import UsageError
     from vllm_edge.common.procmem import process_start_epoch, tree_rss_anon_mb
     from vllm_edge.serving import chat, startup_phases
-    from vllm_edge.serving.run import DEFAULT_PROMPT, default_system
+    from vllm_edge.serving.run import DEFAULT_PROMPT, system_message
 
     started = process_start_epoch()
     interactive = args.prompt is None and sys.stdin.isatty()
@@ -129,13 +129,12 @@ def client(args: argparse.Namespace, keep_s: float) -> int:
     how = f"started, ready in {time.time() - t0:.1f} s" if new else "reused"
     name = keepalive.served_name(rec)
     st = keepalive.status(rec.port, token=rec.token) or {}
-    system, system_source = default_system(args.model)
+    system, system_source = system_message(args.model, args.system)
     settings = chat.Settings(
         # the chat samples with the server's defaults (the model's own); one answer is greedy
         temperature=args.temperature if args.temperature is not None else (None if interactive else 0.0),
         max_tokens=args.max_tokens or (512 if interactive else 64),
-        system=system if args.system is None else args.system or None,
-        system_source=system_source if args.system is None else "--system",
+        system=system, system_source=system_source,
         server=st.get("sampling") or {}, server_source=st.get("sampling_source"))
     if interactive:
         return chat.repl(rec.url, name, settings, headers=rec.headers,

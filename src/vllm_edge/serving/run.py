@@ -28,12 +28,14 @@ RUN_BATCH_TOKENS = 128
 SPEC_PREFIX = "vllm:spec_decode_num_"
 
 
-def default_system(model: str) -> tuple[str | None, str]:
-    """The system message `run` sends for ``model`` unless given one, and where it comes from:
-    an embedded model's own (chosen by measurement, "" an empty system turn), else
-    :data:`DEFAULT_SYSTEM`."""
+def system_message(model: str, given: str | None = None) -> tuple[str | None, str]:
+    """The system message `run` sends for ``model`` and where it comes from: ``given`` (the
+    ``--system`` flag; '' for none, None: not given) when set, else an embedded model's own
+    (chosen by measurement, "" an empty system turn), else :data:`DEFAULT_SYSTEM`."""
     from vllm_edge.models import store
 
+    if given is not None:
+        return given or None, "--system"
     if model == "default" or model in store.MODELS:
         embedded = store.resolve_key(model)
         if embedded.system is not None:

@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from vllm_edge.bench import sampling_defaults
     from vllm_edge.bench.compare import host_artifact
     from vllm_edge.common.errors import UsageError
+    from vllm_edge.serving.run import system_message
 
     arms = tuple(a for a in args.arms.split(",") if a)
     unknown = [a for a in arms if a not in ARMS]
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
                          f"choose from {', '.join(ARMS)}")
     if args.samples < 1 or args.france < 1 or args.max_tokens < 1:
         raise UsageError("--samples, --france and --max-tokens must be at least 1")
-    system = sampling_defaults.DEFAULT if args.system is None else args.system or None
+    system = system_message(args.model, args.system)[0]  # what run sends; '' for none
     result = sampling_defaults.run(args.model, gguf=args.gguf, samples=args.samples, france=args.france,
                                    max_tokens=args.max_tokens, arms=arms, system=system,
                                    out=args.out or host_artifact("benchmarks/results/sampling"),

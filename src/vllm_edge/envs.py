@@ -157,6 +157,15 @@ _declare(
     "test_gc_freeze.py: the import-time heap is frozen in every engine process.",
 )
 _declare(
+    "VLLM_EDGE_GC_START", "bool", True,
+    "While `serve` or a keep-alive server starts, run the garbage collector far less often "
+    "than Python's default thresholds, until the engine is ready "
+    "(runtime/gc_freeze.py): the imports of torch and vLLM otherwise walk their own growing "
+    "heap many times over. 0: Python's thresholds throughout.",
+    "benchmarks/results/server_start/: a warm keep-alive server start with and without it, "
+    "side by side; tests/runtime/test_gc_freeze.py: the thresholds are held and given back.",
+)
+_declare(
     "VLLM_EDGE_HIDE_TRITON", "bool", True,
     "In `run`'s own process, mark an installed Triton without a CPU backend as absent before "
     "torch is imported (runtime/triton_hide.py): vLLM disables such a Triton on CPU anyway, and "

@@ -321,6 +321,8 @@ def run_vllm(p: ServePlan, sock: socket.socket | None, *, on_ready: Any = None,
 
     import uvloop
     from vllm.entrypoints.launchers.api_server.entry import run_server_worker
+
+    from vllm_edge.runtime import gc_freeze
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.entrypoints.launchers.launcher import validate_api_server_args
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
@@ -337,12 +339,26 @@ def run_vllm(p: ServePlan, sock: socket.socket | None, *, on_ready: Any = None,
         from vllm.entrypoints.cli.serve import run_headless
 
         args.api_server_count = 0  # as `vllm serve --headless` sets it
+        gc_freeze.end_start()  # its engine starts in processes of its own
         run_headless(args)
         return
-    if p.core_in_process:
+    if p.core_in_process and not build_only:
         from vllm_edge.serving import inproc_core
 
-        inproc_core.install(on_ready=on_ready)
+        def ready() -> None:
+            gc_freeze.end_start()
+            if on_ready is not None:
+                on_ready()
+
+        inproc_core.install(on_ready=ready)
+    else:
+        # a compile (the graph builder), or an engine core in a process of its own: what this
+        # process still has to build is small, or not its own
+        gc_freeze.end_start()
+        if p.core_in_process:
+            from vllm_edge.serving import inproc_core
+
+            inproc_core.install(on_ready=on_ready)
     if build_only:
         uvloop.run(_build_engine(args))
         return
@@ -389,7 +405,7 @@ def main(model: str, *, sock: socket.socket | None = None, graph: str = "now",
     graph is cached for its arguments and starts a builder of it once its engine is ready
     (:mod:`.graph_cache`); ``build`` is that builder (``graph_spec``: {"lock_fd": ...}): it
     builds the engine compiled, leaves the marker and exits without serving."""
-    from vllm_edge.runtime import triton_hide
+    from vllm_edge.runtime import gc_freeze, triton_hide
 
     if graph not in ("now", "background", "build"):
         raise ServeError(f"graph={graph!r}: expected now, background or build")
@@ -399,6 +415,7 @@ def main(model: str, *, sock: socket.socket | None = None, graph: str = "now",
     # ServeError on a busy port, before any engine work; a headless node serves no API
     if sock is None and not par.headless and graph != "build":
         sock = bind(host, port)
+    gc_start = gc_freeze.hold_for_start()  # before the imports it is for; ended once the engine is up
     try:
         p = plan(model, **options)
         if graph == "build":
@@ -406,7 +423,8 @@ def main(model: str, *, sock: socket.socket | None = None, graph: str = "now",
         on_ready = None
         if graph == "background" and not options.get("enforce_eager") and p.core_in_process:
             p, on_ready = _eager_until_built(p, model, options, graph_spec or {})
-        for line in [*p.lines, f"triton: {triton} (VLLM_EDGE_HIDE_TRITON)"]:
+        for line in [*p.lines, f"triton: {triton} (VLLM_EDGE_HIDE_TRITON)",
+                     f"garbage collector while starting: {gc_start} (VLLM_EDGE_GC_START)"]:
             print(f"[vllm-edge] {line}", file=sys.stderr, flush=True)
         if sock is not None:
             print(f"[vllm-edge] listening on http://{host}:{port}/v1 once the engine is ready "
@@ -415,6 +433,7 @@ def main(model: str, *, sock: socket.socket | None = None, graph: str = "now",
     except KeyboardInterrupt:
         return 0
     finally:
+        gc_freeze.end_start()
         if sock is not None:
             sock.close()
     return 0

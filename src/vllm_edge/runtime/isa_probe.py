@@ -11,8 +11,14 @@ three; when every advertised ISA passed, that process and every later one set In
 switch for that answer (``config.cpp.vec_isa_ok = True``: use the advertised ISAs without
 re-testing them), which yields the same list. The switch is part of Inductor's compile-cache
 key, so a cache compiled without it is compiled once more. A record with any failure changes
-nothing, and neither does a ``TORCHINDUCTOR_VEC_ISA_OK`` the user set. The AMX and
-AVX512-BF16 checks Inductor runs on top of the base probe still run.
+nothing, and neither does a ``TORCHINDUCTOR_VEC_ISA_OK`` the user set.
+
+That switch covers only the base probe. On top of it Inductor checks AVX512-BF16, AVX512-VNNI,
+AMX and AMX-FP16 the same way, each with a compile and a ``dlopen`` subprocess, whatever the
+switch says: most of a second of a warm start on a CPU that has them. Each of those checks
+that passes is kept in the same record (its ISA class, compiler flags and test program), and
+a later process answers it from there. A check that failed is never kept: it may have been
+a timeout under load, and it is simply run again.
 """
 
 from __future__ import annotations
@@ -84,16 +90,20 @@ def apply() -> str:
         rec = None
     if isinstance(rec, dict) and rec.get("all_passed") and rec.get("what") == what:
         config.cpp.vec_isa_ok = True
+        _remember_checks(path, rec)
         return "remembered"
+    # the extra checks of the probe below are kept too, once the record says all passed
+    rec = {"what": what}
+    _remember_checks(path, rec)
     advertised = _advertised()
     passed = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]  # Inductor's own probe
     ok = bool(advertised) and sorted(passed) == sorted(advertised)
+    rec.update(advertised=advertised, passed=passed, all_passed=ok)
     from vllm_edge.common import atomic
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic.write_json(path, {"what": what, "advertised": advertised, "passed": passed,
-                                 "all_passed": ok})
+        atomic.write_json(path, {**rec, "checks": dict(sorted(_passed.items()))} if ok else rec)
     except OSError:
         return "unrecorded"  # a read-only home probes every start, as Inductor does
     if ok:
@@ -101,3 +111,48 @@ def apply() -> str:
         # too, so this start and the next ones share one compiled artifact
         config.cpp.vec_isa_ok = True
     return "recorded" if ok else "failed-isa"
+
+
+def check_key(isa: Any, code: str) -> str:
+    """One of Inductor's ISA checks: the ISA's class, the flags it builds with now (its BF16
+    and AMX-FP16 checks add a flag for their build) and the test program."""
+    text = f"{type(isa).__name__}\n{isa.build_arch_flags()}\n{code}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# this process's passed checks, by check_key
+_passed: dict[str, bool] = {}
+
+
+def _remember_checks(path: Path, rec: dict[str, Any]) -> None:
+    """Answer Inductor's ISA checks from ``rec`` where it holds a pass, and, once ``rec`` says
+    every advertised ISA passed, add each new pass to the record at ``path``."""
+    from torch._inductor import cpu_vec_isa
+
+    _passed.update({k: True for k, v in (rec.get("checks") or {}).items() if v is True})
+    original = cpu_vec_isa.VecISA.check_build
+    if getattr(original, "_vllm_edge_isa_memo", False):
+        return
+
+    def check_build(self: Any, code: str) -> bool:
+        key = check_key(self, code)
+        if _passed.get(key):
+            return True
+        ok = original(self, code)
+        if ok:
+            _passed[key] = True
+            if rec.get("all_passed"):
+                _save_checks(path, rec)
+        return ok
+
+    check_build._vllm_edge_isa_memo = True  # type: ignore[attr-defined]
+    cpu_vec_isa.VecISA.check_build = check_build  # type: ignore[method-assign]
+
+
+def _save_checks(path: Path, rec: dict[str, Any]) -> None:
+    from vllm_edge.common import atomic
+
+    try:
+        atomic.write_json(path, {**rec, "checks": dict(sorted(_passed.items()))})
+    except OSError:
+        pass  # unrecorded: the next process runs the check again, as Inductor does

@@ -158,8 +158,8 @@ _declare(
 )
 _declare(
     "VLLM_EDGE_GC_START", "bool", True,
-    "While `serve` or a keep-alive server starts, run the garbage collector far less often "
-    "than Python's default thresholds, until the engine is ready "
+    "While `serve`, a keep-alive server or an in-process `run` starts, run the garbage "
+    "collector far less often than Python's default thresholds, until the engine is ready "
     "(runtime/gc_freeze.py): the imports of torch and vLLM otherwise walk their own growing "
     "heap many times over. 0: Python's thresholds throughout.",
     "benchmarks/results/server_start/: a warm keep-alive server start with and without it, "

@@ -127,15 +127,21 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
             print(f"[vllm-edge] model: {path}", file=sys.stderr)
             for line in edge.explain():
                 print(f"[vllm-edge] {line}", file=sys.stderr)
-        t0 = time.time()
-        with timeline.phase("import torch"):
-            import torch  # noqa: F401  (vLLM imports it first thing; timed apart)
-        with timeline.phase("import vllm"):
-            from vllm import LLM, SamplingParams
-        import_s = time.time() - t0
-        timeline.install()  # before LLM(): its config step runs before the plugin loads
-        with timeline.phase("LLM()"):
-            llm = LLM(**edge.kwargs, disable_log_stats=False)
+        from vllm_edge.runtime import gc_freeze
+
+        gc_freeze.hold_for_start()  # through the imports and the engine build
+        try:
+            t0 = time.time()
+            with timeline.phase("import torch"):
+                import torch  # noqa: F401  (vLLM imports it first thing; timed apart)
+            with timeline.phase("import vllm"):
+                from vllm import LLM, SamplingParams
+            import_s = time.time() - t0
+            timeline.install()  # before LLM(): its config step runs before the plugin loads
+            with timeline.phase("LLM()"):
+                llm = LLM(**edge.kwargs, disable_log_stats=False)
+        finally:
+            gc_freeze.end_start()
         ready_s = time.time() - started
         status(term, log, "")
         worker = llm.collective_rpc("vllm_edge_report")

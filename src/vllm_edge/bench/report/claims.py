@@ -96,6 +96,7 @@ _SERVER_INTEL = "server_start/intel-xeon-processor-amx-bf16-2-cores.json"
 _SAMPLING_INTEL = "sampling/intel-xeon-processor-amx-bf16-2-cores.json"
 # an AVX512-BF16 EPYC: run's shipped server, and Python's garbage-collector thresholds beside it
 _SERVER_AVX512 = "server_start/amd-epyc-avx512-bf16-2-cores.json"
+_SERVER_AVX512_COLD = "server_start/amd-epyc-avx512-bf16-2-cores-cold-background-graph.json"
 
 # How each `bench sampling` arm is named in a claim: (on the 20 prompts, on the France question)
 _SAMPLING_ARMS = {
@@ -234,6 +235,18 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("Default path: the keep-alive server",
           "the next start after it, compiled from the builder's graph: spawn to first token",
           _SERVER_COLD_BG, ("arms", "one process", "median", "first_token_s"), "{:.1f} s"),
+    # the same path, from empty caches, on the AVX512-BF16 EPYC
+    Claim("Default path: the keep-alive server",
+          "cold first answer, as run ships it: empty VLLM_EDGE_HOME and vLLM cache, spawn to first token (repack included)",
+          _SERVER_AVX512_COLD, ("arms", "shipped", "first_pass", "first_token_s"), "{:.1f} s",
+          target=("<=", 60), flags=("single pass",)),
+    Claim("Default path: the keep-alive server",
+          "cold start, as run ships it: spawn to the compiled graph cached by the background builder",
+          _SERVER_AVX512_COLD, ("arms", "shipped", "first_pass", "graph_ready_s"), "{:.1f} s",
+          flags=("single pass",)),
+    Claim("Default path: the keep-alive server",
+          "the next start after it, as run ships it, compiled from the builder's graph: spawn to first token",
+          _SERVER_AVX512_COLD, ("arms", "shipped", "median", "first_token_s"), "{:.1f} s", target=("<=", 10)),
     Claim("Default path: the keep-alive server", "spawn to first token, two processes (before), warm caches",
           _SERVER_1P, ("arms", "two processes", "median", "first_token_s"), "{:.1f} s"),
     Claim("Default path: the keep-alive server", "spawn to first token: 512 tokens per step (one process, 512 − 2048)",

@@ -97,6 +97,7 @@ _SAMPLING_INTEL = "sampling/intel-xeon-processor-amx-bf16-2-cores.json"
 # an AVX512-BF16 EPYC: run's shipped server, and Python's garbage-collector thresholds beside it
 _SERVER_AVX512 = "server_start/amd-epyc-avx512-bf16-2-cores.json"
 _SERVER_AVX512_COLD = "server_start/amd-epyc-avx512-bf16-2-cores-cold-background-graph.json"
+_SAMPLING_AVX512 = "sampling/amd-epyc-avx512-bf16-2-cores.json"
 
 # How each `bench sampling` arm is named in a claim: (on the 20 prompts, on the France question)
 _SAMPLING_ARMS = {
@@ -193,6 +194,9 @@ CLAIMS: tuple[Claim, ...] = (
     # (an empty turn for SmolLM2), the generic one beside it, and the model unquantized
     *_sampling_claims(_SAMPLING_INTEL, ("vllm-defaults", "vllm-generic-system", "vllm-defaults-bf16",
                                         "llamacpp-python", "llamacpp-server"), samples=3),
+    # and on the AVX512-BF16 EPYC
+    *_sampling_claims(_SAMPLING_AVX512, ("vllm-defaults", "vllm-generic-system", "llamacpp-python",
+                                         "llamacpp-server"), samples=3),
     Claim("Default path: the keep-alive server", "RssAnon, run's shipped server (one process, one sequence), warm",
           _SERVER_INTEL, ("arms", "shipped", "median", "server_rss_anon_mb"), "{:.0f} MB", target=("<=", 700)),
     Claim("Default path: the keep-alive server", "spawn to first token, run's shipped server, warm caches",

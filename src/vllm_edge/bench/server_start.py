@@ -3,9 +3,10 @@ from spawning it to the first token of an answer with warm caches, and its resid
 per process once it has answered.
 
 Each pass stops any server of the model, starts one through :func:`keepalive.ensure` (what
-`run` does), streams one answer and reads RssAnon of every process in the server's tree: the
-API server, the engine core and, apart, the gate's schema compiler when it lives (it exits
-when idle, so it is not part of the server's resting size). Arms differ in extra vLLM flags
+`run` does), streams one greedy answer (after `run`'s system message for the model) and reads
+RssAnon of every process in the server's tree: the API server, the engine core and, apart, the
+gate's schema compiler when it lives (it exits when idle, so it is not part of the server's
+resting size). Arms differ in extra vLLM flags
 and environment; passes rotate through the arms so each sees the same host.
 
 The first pass of each arm may pay a cold start (a new flag is a new compile-cache key): it is
@@ -27,12 +28,15 @@ PROMPT = "What is the capital of France?"
 SETTLE_S = 2.0  # after the answer: let the allocator return what the request freed
 
 
-def _first_token_s(rec, name: str) -> tuple[float, str]:
-    """Seconds from sending one chat request to its first content token, and the answer."""
+def _first_token_s(rec, name: str, system: str | None) -> tuple[float, str]:
+    """Seconds from sending one chat request (``system``: run's system message, None for no
+    system turn) to its first content token, and the answer."""
     import httpx
 
-    body = {"model": name, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 16,
-            "temperature": 0, "stream": True}
+    messages = [{"role": "user", "content": PROMPT}]
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
+    body = {"model": name, "messages": messages, "max_tokens": 16, "temperature": 0, "stream": True}
     t0 = time.perf_counter()
     first, text = None, []
     with httpx.stream("POST", f"{rec.url}/v1/chat/completions", json=body, headers=rec.headers,
@@ -69,6 +73,7 @@ def memory(root_pid: int) -> dict[str, Any]:
 def one_pass(model: str, extra: list[str], env: dict[str, str], enforce_eager: bool,
              options: dict[str, Any] | None = None) -> dict[str, Any]:
     from vllm_edge.serving import keepalive
+    from vllm_edge.serving.run import system_message
 
     key = keepalive.server_key(model, "auto")
     old = keepalive.find(key)
@@ -83,7 +88,7 @@ def one_pass(model: str, extra: list[str], env: dict[str, str], enforce_eager: b
         ready_s = time.perf_counter() - t0
         if not started:
             raise RuntimeError(f"a server for {model} was running: stop it first")
-        ttft, answer = _first_token_s(rec, keepalive.served_name(rec))
+        ttft, answer = _first_token_s(rec, keepalive.served_name(rec), system_message(model)[0])
         build = keepalive.served_build(rec)
         first_token_s = ready_s + ttft
         time.sleep(SETTLE_S)
@@ -107,11 +112,13 @@ def run(model: str = "default", *, arms: dict[str, dict[str, Any]], passes: int 
     may compile."""
     from vllm_edge.common import atomic, provenance
     from vllm_edge.serving import graph_cache
+    from vllm_edge.serving.run import system_message
 
     result: dict[str, Any] = {
         "benchmark": "server_start", "model": model, "prompt": PROMPT, "passes": passes,
         "what": "wall from spawning the keep-alive server (as `run` does) to the first token of a "
                 "16-token greedy answer, and RssAnon per process 2 s after it; warm caches",
+        "system": system_message(model)[0],  # run's, sent before the question (None: no turn)
         "arms": {name: {**spec, "first_pass": None, "runs": []} for name, spec in arms.items()}}
     for name, spec in arms.items():  # one pass each to fill the compile cache for its flags
         say(f"{name}: first pass (may compile)")

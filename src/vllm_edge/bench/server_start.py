@@ -6,8 +6,8 @@ Each pass stops any server of the model, starts one through :func:`keepalive.ens
 `run` does), streams one greedy answer (after `run`'s system message for the model) and reads
 RssAnon of every process in the server's tree: the API server, the engine core and, apart, the
 gate's schema compiler when it lives (it exits when idle, so it is not part of the server's
-resting size). Arms differ in extra vLLM flags
-and environment; passes rotate through the arms so each sees the same host.
+resting size). Arms differ in extra vLLM flags and environment; passes rotate through the
+arms so each sees the same host.
 
 The first pass of each arm may pay a cold start (a new flag is a new compile-cache key): it is
 reported apart from the warm passes whose medians count. A keep-alive server without a cached

@@ -71,9 +71,9 @@ def memory(root_pid: int) -> dict[str, Any]:
 
 
 def one_pass(model: str, extra: list[str], env: dict[str, str], enforce_eager: bool,
-             options: dict[str, Any] | None = None) -> dict[str, Any]:
+             options: dict[str, Any] | None = None, system: str | None = None) -> dict[str, Any]:
+    """``system``: the system message sent before the question (run's, from :func:`run`)."""
     from vllm_edge.serving import keepalive
-    from vllm_edge.serving.run import system_message
 
     key = keepalive.server_key(model, "auto")
     old = keepalive.find(key)
@@ -88,7 +88,7 @@ def one_pass(model: str, extra: list[str], env: dict[str, str], enforce_eager: b
         ready_s = time.perf_counter() - t0
         if not started:
             raise RuntimeError(f"a server for {model} was running: stop it first")
-        ttft, answer = _first_token_s(rec, keepalive.served_name(rec), system_message(model)[0])
+        ttft, answer = _first_token_s(rec, keepalive.served_name(rec), system)
         build = keepalive.served_build(rec)
         first_token_s = ready_s + ttft
         time.sleep(SETTLE_S)
@@ -114,23 +114,25 @@ def run(model: str = "default", *, arms: dict[str, dict[str, Any]], passes: int 
     from vllm_edge.serving import graph_cache
     from vllm_edge.serving.run import system_message
 
+    system = system_message(model)[0]
     result: dict[str, Any] = {
         "benchmark": "server_start", "model": model, "prompt": PROMPT, "passes": passes,
         "what": "wall from spawning the keep-alive server (as `run` does) to the first token of a "
                 "16-token greedy answer, and RssAnon per process 2 s after it; warm caches",
-        "system": system_message(model)[0],  # run's, sent before the question (None: no turn)
+        "system": system,  # run's, sent before the question (None: no turn)
         "arms": {name: {**spec, "first_pass": None, "runs": []} for name, spec in arms.items()}}
     for name, spec in arms.items():  # one pass each to fill the compile cache for its flags
         say(f"{name}: first pass (may compile)")
         t0, since = time.perf_counter(), time.time()
         first = one_pass(model, spec.get("extra", []), spec.get("env", {}), enforce_eager,
-                         spec.get("options"))
+                         spec.get("options"), system)
         first["graph_builds"] = graph_cache.wait_all(since)
         first["graph_ready_s"] = round(time.perf_counter() - t0, 2)
         result["arms"][name]["first_pass"] = first
     for i in range(passes):
         for name, spec in arms.items():
-            row = one_pass(model, spec.get("extra", []), spec.get("env", {}), enforce_eager, spec.get("options"))
+            row = one_pass(model, spec.get("extra", []), spec.get("env", {}), enforce_eager,
+                           spec.get("options"), system)
             result["arms"][name]["runs"].append(row)
             say(f"{name} pass {i + 1}: first token {row['first_token_s']} s, server "
                 f"{row['server_rss_anon_mb']} MB over {row['server_processes']} processes")

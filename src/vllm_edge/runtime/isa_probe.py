@@ -99,11 +99,9 @@ def apply() -> str:
     passed = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]  # Inductor's own probe
     ok = bool(advertised) and sorted(passed) == sorted(advertised)
     rec.update(advertised=advertised, passed=passed, all_passed=ok)
-    from vllm_edge.common import atomic
-
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic.write_json(path, {**rec, "checks": dict(sorted(_passed.items()))} if ok else rec)
+        _write(path, rec)
     except OSError:
         return "unrecorded"  # a read-only home probes every start, as Inductor does
     if ok:
@@ -142,17 +140,19 @@ def _remember_checks(path: Path, rec: dict[str, Any]) -> None:
         if ok:
             _passed[key] = True
             if rec.get("all_passed"):
-                _save_checks(path, rec)
+                try:
+                    _write(path, rec)
+                except OSError:
+                    pass  # unrecorded: the next process runs the check again, as Inductor does
         return ok
 
     check_build._vllm_edge_isa_memo = True  # type: ignore[attr-defined]
     cpu_vec_isa.VecISA.check_build = check_build  # type: ignore[method-assign]
 
 
-def _save_checks(path: Path, rec: dict[str, Any]) -> None:
+def _write(path: Path, rec: dict[str, Any]) -> None:
+    """The record, with this process's passed checks once every advertised ISA passed."""
     from vllm_edge.common import atomic
 
-    try:
-        atomic.write_json(path, {**rec, "checks": dict(sorted(_passed.items()))})
-    except OSError:
-        pass  # unrecorded: the next process runs the check again, as Inductor does
+    checks = {"checks": dict(sorted(_passed.items()))} if rec.get("all_passed") else {}
+    atomic.write_json(path, {**rec, **checks})

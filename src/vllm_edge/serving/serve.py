@@ -321,13 +321,13 @@ def run_vllm(p: ServePlan, sock: socket.socket | None, *, on_ready: Any = None,
 
     import uvloop
     from vllm.entrypoints.launchers.api_server.entry import run_server_worker
-
-    from vllm_edge.runtime import gc_freeze
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.entrypoints.launchers.launcher import validate_api_server_args
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
     from vllm.logger import configure_logging_from_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from vllm_edge.runtime import gc_freeze
 
     cli_env_setup()  # as `vllm serve` does: spawn, not fork, for the engine-core process
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm-edge serve (vLLM arguments)"))
@@ -342,23 +342,19 @@ def run_vllm(p: ServePlan, sock: socket.socket | None, *, on_ready: Any = None,
         gc_freeze.end_start()  # its engine starts in processes of its own
         run_headless(args)
         return
-    if p.core_in_process and not build_only:
+    if build_only or not p.core_in_process:
+        # a compile (the graph builder), or an engine core in a process of its own: what this
+        # process still has to build is small, or not its own
+        gc_freeze.end_start()
+    if p.core_in_process:
         from vllm_edge.serving import inproc_core
 
         def ready() -> None:
-            gc_freeze.end_start()
+            gc_freeze.end_start()  # nothing left to give back after a compile's early end
             if on_ready is not None:
                 on_ready()
 
         inproc_core.install(on_ready=ready)
-    else:
-        # a compile (the graph builder), or an engine core in a process of its own: what this
-        # process still has to build is small, or not its own
-        gc_freeze.end_start()
-        if p.core_in_process:
-            from vllm_edge.serving import inproc_core
-
-            inproc_core.install(on_ready=on_ready)
     if build_only:
         uvloop.run(_build_engine(args))
         return

@@ -110,6 +110,23 @@ _SAMPLING_ARMS = {
 }
 
 
+def _cold_background_claims(artifact: str, arm: str, next_target: tuple[str, float] | None = None
+                            ) -> tuple[Claim, ...]:
+    """A `bench server` artifact from empty caches: the eager first answer, the background
+    builder's graph, then the compiled starts after it (``arm``: the server's arm)."""
+    section = "Default path: the keep-alive server"
+    return (
+        Claim(section, "cold first answer, eager while the graph builds in the background: empty "
+              "VLLM_EDGE_HOME and vLLM cache, spawn to first token (repack included)",
+              artifact, ("arms", arm, "first_pass", "first_token_s"), "{:.1f} s",
+              target=("<=", 60), flags=("single pass",)),
+        Claim(section, "cold start: spawn to the compiled graph cached by the background builder",
+              artifact, ("arms", arm, "first_pass", "graph_ready_s"), "{:.1f} s", flags=("single pass",)),
+        Claim(section, "the next start after it, compiled from the builder's graph: spawn to first token",
+              artifact, ("arms", arm, "median", "first_token_s"), "{:.1f} s", target=next_target),
+    )
+
+
 def _sampling_claims(artifact: str, arms: tuple[str, ...], samples: int = 1) -> tuple[Claim, ...]:
     """A `bench sampling` artifact's counts: each arm on the 20 prompts (``samples`` answers
     each), then each on France."""
@@ -231,29 +248,9 @@ CLAIMS: tuple[Claim, ...] = (
           "cold first answer, compiled before serving (before): empty VLLM_EDGE_HOME and vLLM cache, spawn to first token (repack and compile included)",
           _SERVER_1P_COLD, ("arms", "one process", "first_pass", "first_token_s"), "{:.1f} s",
           flags=("single pass",)),
-    Claim("Default path: the keep-alive server",
-          "cold first answer, eager while the graph builds in the background: empty VLLM_EDGE_HOME and vLLM cache, spawn to first token (repack included)",
-          _SERVER_COLD_BG, ("arms", "one process", "first_pass", "first_token_s"), "{:.1f} s",
-          target=("<=", 60), flags=("single pass",)),
-    Claim("Default path: the keep-alive server",
-          "cold start: spawn to the compiled graph cached by the background builder",
-          _SERVER_COLD_BG, ("arms", "one process", "first_pass", "graph_ready_s"), "{:.1f} s",
-          flags=("single pass",)),
-    Claim("Default path: the keep-alive server",
-          "the next start after it, compiled from the builder's graph: spawn to first token",
-          _SERVER_COLD_BG, ("arms", "one process", "median", "first_token_s"), "{:.1f} s"),
+    *_cold_background_claims(_SERVER_COLD_BG, "one process"),
     # the same path, from empty caches, on the AVX512-BF16 EPYC
-    Claim("Default path: the keep-alive server",
-          "cold first answer, as run ships it: empty VLLM_EDGE_HOME and vLLM cache, spawn to first token (repack included)",
-          _SERVER_AVX512_COLD, ("arms", "shipped", "first_pass", "first_token_s"), "{:.1f} s",
-          target=("<=", 60), flags=("single pass",)),
-    Claim("Default path: the keep-alive server",
-          "cold start, as run ships it: spawn to the compiled graph cached by the background builder",
-          _SERVER_AVX512_COLD, ("arms", "shipped", "first_pass", "graph_ready_s"), "{:.1f} s",
-          flags=("single pass",)),
-    Claim("Default path: the keep-alive server",
-          "the next start after it, as run ships it, compiled from the builder's graph: spawn to first token",
-          _SERVER_AVX512_COLD, ("arms", "shipped", "median", "first_token_s"), "{:.1f} s", target=("<=", 10)),
+    *_cold_background_claims(_SERVER_AVX512_COLD, "shipped", next_target=("<=", 10)),
     Claim("Default path: the keep-alive server", "spawn to first token, two processes (before), warm caches",
           _SERVER_1P, ("arms", "two processes", "median", "first_token_s"), "{:.1f} s"),
     Claim("Default path: the keep-alive server", "spawn to first token: 512 tokens per step (one process, 512 − 2048)",

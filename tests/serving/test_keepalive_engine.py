@@ -75,7 +75,17 @@ def test_the_server_is_one_process_and_an_abort_frees_its_engine(first_runs):
     assert "keepalive_server" in server[0][1]
     rec = keepalive.find(keepalive.server_key("default", "auto"))
     # the engine vLLM built runs the keep-alive server's step size, not the server default
-    assert f"max_num_batched_tokens={keepalive.BATCH_TOKENS}." in open(rec.log).read()
+    log = open(rec.log).read()
+    assert f"max_num_batched_tokens={keepalive.BATCH_TOKENS}." in log
+    # it started at the raised collector thresholds and runs at Python's own once ready
+    from vllm_edge.runtime import gc_freeze
+
+    held = re.search(r"garbage collector while starting: thresholds \((\d+), (\d+), (\d+)\) while "
+                     r"starting \(Python's: \((\d+), (\d+), (\d+)\)\)", log)
+    assert held, log[:3000]
+    assert tuple(map(int, held.groups()[:3])) == gc_freeze.START_THRESHOLD
+    st = keepalive.status(rec.port, token=rec.token)
+    assert tuple(st["gc_threshold"]) == tuple(map(int, held.groups()[3:])) != gc_freeze.START_THRESHOLD
     name = keepalive.served_name(rec)
     body = {"model": name, "messages": [{"role": "user", "content": "Write a very long story."}],
             "max_tokens": 1500, "temperature": 0.8, "stream": True}

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import hashlib
 import hmac
 import json
@@ -579,7 +580,9 @@ class RequestGate:
                               "requests": self.activity.requests,
                               "idle_exit_s": self.config.idle_exit_s,
                               "sampling": self.config.sampling,
-                              "sampling_source": self.config.sampling_source}).encode()
+                              "sampling_source": self.config.sampling_source,
+                              # Python's own once the engine is up (runtime/gc_freeze.py)
+                              "gc_threshold": gc.get_threshold()}).encode()
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(payload)).encode())]})

@@ -105,6 +105,18 @@ _declare(
     "unified_kv_cache_update call.",
 )
 _declare(
+    "VLLM_EDGE_CPP_WRAPPER", "bool", True,
+    "Compiled engines (not --enforce-eager) build Inductor's wrapper around the graph in C++ "
+    "(cpp_wrapper, compiled apart from the kernels) with VLLM_USE_LAYERNAME=0, so the graph "
+    "calls its kernels and custom ops from C++ instead of a Python function "
+    "(runtime/cpp_wrapper.py). It keys vLLM's compile cache: graphs built with the Python "
+    "wrapper are not reused. 0 keeps Inductor's Python wrapper.",
+    "On: benchmarks/results/grid/cpp_wrapper (bench step, the C++ wrapper against the Python "
+    "one, interleaved passes); tests/runtime/test_cpp_wrapper.py checks the engine arguments "
+    "and, on the real engine, that the compiled graph has no Python wrapper and answers as the "
+    "eager engine does.",
+)
+_declare(
     "VLLM_EDGE_PATCH_GREEDY_SAMPLER", "bool", False,
     "Sample an all-greedy batch that nothing can bias (no logprobs, penalties, bad words, "
     "allowed-token masks, logit bias, min_tokens, thinking budget) with an argmax on the "
@@ -349,6 +361,15 @@ _declare(
     "vLLM's 'auto' gives each rank a NUMA node of its own and refuses to start when there are "
     "fewer nodes than ranks, as on a one-socket box (tests/runtime/test_parallel_engine.py).",
     owner="vllm",
+)
+_declare(
+    "VLLM_USE_LAYERNAME", "bool", None,
+    "vLLM's own switch: on torch 2.11 and later its attention and KV-cache ops take the layer "
+    "name as an opaque Python object (1, vLLM's default) or as a string (0). Compiled engines "
+    "set 0 for the C++ wrapper (VLLM_EDGE_CPP_WRAPPER); a value the user set is kept, and 1 "
+    "then keeps Inductor's Python wrapper.",
+    "vllm/utils/torch_utils.py (LayerName); Inductor's C++ wrapper refuses a PyObject argument "
+    "of a custom op (tests/runtime/test_cpp_wrapper.py).", owner="vllm",
 )
 _declare(
     "TORCHINDUCTOR_VEC_ISA_OK", "str", None,

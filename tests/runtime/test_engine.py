@@ -26,7 +26,7 @@ def test_threads_env_lowers_and_is_capped_at_the_cores(monkeypatch):
 
 def test_one_process_env_carries_the_thread_choice(default_model_dir, monkeypatch):
     monkeypatch.setenv("VLLM_EDGE_THREADS", "1")
-    edge = engine.edge_engine(default_model_dir)
+    edge = engine.edge_engine(default_model_dir, enforce_eager=True)
     assert edge.env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
     multi = engine.edge_engine(default_model_dir, one_process=False)
     assert "OMP_NUM_THREADS" not in multi.env

@@ -1,7 +1,7 @@
 """The first start of a keep-alive server on an empty vLLM compile cache, on the real engine:
 it answers eager, starts a builder at idle priority outside its process tree and group, the
-builder leaves a marker naming the compile-cache files it made, and the next start loads that
-graph instead of compiling."""
+builder leaves a marker naming the compile-cache files it made (a graph with Inductor's C++
+wrapper), and the next start loads that graph instead of compiling."""
 
 from __future__ import annotations
 
@@ -67,6 +67,10 @@ def test_the_first_start_answers_eager_and_the_next_loads_the_graph_built_beside
             os.environ.pop("VLLM_CACHE_ROOT")
         assert marker and marker["files"], made
         assert all(f.startswith(env["VLLM_CACHE_ROOT"]) and os.path.isfile(f) for f in marker["files"])
+        # the graph was built with Inductor's C++ wrapper (runtime/cpp_wrapper.py): its cached
+        # output code holds the wrapper's C++ source, not a Python `call` over the kernels
+        outputs = [f.read_text(errors="replace") for f in Path(env["VLLM_CACHE_ROOT"]).rglob("inductor_cache/*/*.py")]
+        assert outputs and any("CppWrapperCodeCache" in text for text in outputs), len(outputs)
         glog = re.search(r"compiled graph builder log: (\S+)", log).group(1)
         assert "compiled graph builder: SCHED_IDLE" in open(glog).read()
         assert keepalive.find(keepalive.server_key("default", "auto")).pid == rec.pid  # still serving

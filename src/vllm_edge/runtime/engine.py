@@ -145,6 +145,10 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
     else:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         reasons["VLLM_ENABLE_V1_MULTIPROCESSING"] = "multiprocess executor requested"
+    if not enforce_eager:
+        from vllm_edge.runtime import cpp_wrapper
+
+        cpp_wrapper.apply(kwargs, env, reasons)
     return EdgeEngine(kwargs, reasons, env)
 
 

@@ -44,14 +44,20 @@ def _repo_sha() -> str | None:
     return repo_sha(Path(__file__).resolve().parent)
 
 
+RESULTS_DIR = "benchmarks/results"
+
+
 def repo_sha(here: Path) -> str | None:
-    """The git commit ``here`` is checked out at, ``-dirty`` when tracked files differ."""
+    """The git commit ``here`` is checked out at, ``-dirty`` when tracked files differ outside
+    ``benchmarks/results``: a benchmark that replaces its own earlier artifact has changed
+    those files before it records this, and they are results, not the code measured."""
     try:
         sha = subprocess.run(
             ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no", "--",
+             ":(top)", f":(top,exclude){RESULTS_DIR}"],
             capture_output=True, text=True, timeout=5,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):

@@ -81,6 +81,8 @@ _VLM = "grid/vlm/summary.json"
 _RMS = "grid/rmsnorm/summary.json"
 _STEP = "grid/step_core/summary.json"
 _STEP_LEVERS = "grid/step_levers/summary.json"
+# the compiled graph's wrapper, C++ against Python (an AVX512-BF16 EPYC)
+_CPP_WRAPPER = "grid/cpp_wrapper/summary.json"
 _CMP_1B = "compare_1b/intel-xeon-processor-amx-bf16-2-cores/speed/summary.json"
 _X = "{:.2f}×"
 _SAMPLING = "sampling/defaults.json"
@@ -296,6 +298,16 @@ CLAIMS: tuple[Claim, ...] = (
           _STEP_LEVERS, _arm("sampler_ms", "after"), _X, per=(None, _arm("sampler_ms", "no greedy fast path"))),
     Claim("Decode step (SmolLM2 cpu_int4 g32, compiled, batch 1)", "step: OMP_WAIT_POLICY=PASSIVE / default (left off)",
           _STEP_LEVERS, _arm("step_ms", "after + OMP passive"), _X, per=(None, _arm("step_ms", "after"))),
+    # The compiled graph's wrapper in C++ (docs/design/decode-step.md)
+    Claim("Decode step: the graph's wrapper (compiled, batch 1)", "ms per step, default build, C++ wrapper",
+          _CPP_WRAPPER, _arm("step_ms", "default, C++ wrapper"), "{:.2f} ms"),
+    Claim("Decode step: the graph's wrapper (compiled, batch 1)",
+          "step: Python wrapper / C++ wrapper, default build (cpu_int4)", _CPP_WRAPPER,
+          _arm("step_ms", "default, Python wrapper"), _X, per=(None, _arm("step_ms", "default, C++ wrapper"))),
+    Claim("Decode step: the graph's wrapper (compiled, batch 1)",
+          "step: Python wrapper / C++ wrapper, the default model's Q4_K_M file (its own types)", _CPP_WRAPPER,
+          _arm("step_ms", "Q4_K_M file, Python wrapper"), _X,
+          per=(None, _arm("step_ms", "Q4_K_M file, C++ wrapper"))),
     # llama.cpp side by side (docs/results/comparisons.md has every table)
     Claim("llama.cpp side by side", "tg128, vLLM cpu_int4 / Q4_K_M", _CMP_AMD, _arm("tg128_tps", "vllm-cpu_int4"), _X,
           per=(None, _arm("tg128_tps", "llamacpp-Q4_K_M")), target=(">=", 1.0)),

@@ -112,9 +112,10 @@ _declare(
     "(runtime/cpp_wrapper.py). It keys vLLM's compile cache: graphs built with the Python "
     "wrapper are not reused. 0 keeps Inductor's Python wrapper.",
     "On: benchmarks/results/grid/cpp_wrapper (bench step, the C++ wrapper against the Python "
-    "one, interleaved passes); tests/runtime/test_cpp_wrapper.py checks the engine arguments "
-    "and, on the real engine, that the compiled graph has no Python wrapper and answers as the "
-    "eager engine does.",
+    "one, interleaved passes). tests/runtime/test_cpp_wrapper.py checks the engine arguments; "
+    "tests/serving/test_graph_cache_engine.py checks on the real engine that the keep-alive "
+    "server's background builder caches a graph with the C++ wrapper, and that the next start "
+    "loads it and answers.",
 )
 _declare(
     "VLLM_EDGE_PATCH_GREEDY_SAMPLER", "bool", False,

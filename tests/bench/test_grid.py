@@ -335,3 +335,13 @@ def test_on_record_sees_every_run_as_written(fake_arm, grid_kwargs):
     arms = [fake_arm("a", [{"ready_s": 1.0}]), fake_arm("b", ["fail"])]
     grid.run_grid({"arms": arms}, passes=2, on_record=on_record, **grid_kwargs)
     assert seen == [("a", 0, 1), ("b", 0, 2), ("b", 1, 3), ("a", 1, 4)]
+
+
+def test_an_argument_under_home_is_expanded(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    arm = grid.Arm("echo", ["python", "-c", "import sys, json; print(json.dumps({'n': len(sys.argv[1])}));"
+                            "open(sys.argv[1]).close()", "~/file.txt"], {})
+    (tmp_path / "file.txt").write_text("x")
+    rec = grid.run_arm(arm, tmp_path / "cache", None, 60)
+    assert rec["ok"], rec.get("stderr_tail")
+    assert rec["metrics"]["n"] == len(str(tmp_path / "file.txt"))

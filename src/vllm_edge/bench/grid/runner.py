@@ -11,7 +11,8 @@ A spec is JSON::
      "pairs": [["bf16", "int4"]],       # optional A/B pairs, each judged on its own
      "arms": [{"name": "bf16", "cmd": ["python", "bench.py"], "env": {"X": "1"}}]}
 
-An arm command starting with ``python`` runs under this interpreter. Each run
+An arm command starting with ``python`` runs under this interpreter; an argument starting
+with ``~/`` is a path under the running user's home. Each run
 is a subprocess pinned to ``cores`` whose metrics are the last JSON
 object line it prints on stdout. Each arm gets its own ``VLLM_CACHE_ROOT``
 under the work dir, kept across passes (so warm passes are warm) and never
@@ -198,7 +199,9 @@ def run_arm(arm: Arm, cache_root: Path, cores: list[int] | None, timeout: float 
                            "cache_root": str(root), "cache_cold": cold,
                            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     # "python" means this interpreter, so a spec runs the same venv wherever it is launched.
-    argv = [sys.executable, *arm.cmd[1:]] if arm.cmd[0] == "python" else arm.cmd
+    argv = [sys.executable, *arm.cmd[1:]] if arm.cmd[0] == "python" else list(arm.cmd)
+    # "~/..." is the running user's home, so a spec names a per-user file without a machine path
+    argv = [os.path.expanduser(a) if a.startswith("~/") else a for a in argv]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(argv, env=env, capture_output=True, text=True,

@@ -137,6 +137,27 @@ def test_grid_summaries_become_tables_with_flags_and_source(results, tmp_path):
     assert f"Source: `{results}/grid/levers/summary.json`" in section
 
 
+
+def test_a_grid_per_host_folder_gets_its_own_section_with_its_pairs(results, tmp_path):
+    from vllm_edge.bench.grid import runner as grid
+
+    recs = [{"arm": a, "ok": True, "pass": k, "metrics": {"peak_mb": m}}
+            for k, (a, m) in enumerate([("off", 2600.0), ("on", 2180.0), ("off", 2610.0),
+                                        ("on", 2185.0)])]
+    summary = grid.summarize_runs(recs, ["off", "on"], ["peak_mb"], 10.0, [["off", "on"]])
+    summary.update({"name": "tok", "passes": 2, "arms": [{"name": "off"}, {"name": "on"}]})
+    for host in ("amd-epyc-avx512-bf16-2-cores", "intel-xeon-amx-bf16-2-cores"):
+        gdir = results / "grid" / "tok" / host
+        gdir.mkdir(parents=True)
+        (gdir / "summary.json").write_text(json.dumps(summary))
+    doc = tmp_path / "results.md"
+    report.report(results, doc)
+    text = doc.read_text()
+    for host in ("amd-epyc-avx512-bf16-2-cores", "intel-xeon-amx-bf16-2-cores"):
+        section = text[text.index(f"### `grid/tok/{host}`"):]
+        assert f"Source: `{results}/grid/tok/{host}/summary.json`" in section
+        assert "- on over off: `peak_mb` 0.838× (on ahead)" in section, section
+
 # --- the default model's headline, bytes per token, bandwidth, fidelity per build ---------
 
 def _speed_default(name, quant, tg, bytes_per_token, pct, stamp="2026-11-30T03:00:00"):

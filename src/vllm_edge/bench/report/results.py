@@ -369,11 +369,32 @@ def _description(text: str) -> str:
     return re.sub(r"^Issue \d+: (\w)", lambda m: m.group(1).upper(), text)
 
 
+def _pair_lines(pairs: list, names: list[str]) -> list[str]:
+    """The spec's A/B pairs, each judged on its own: B over A per metric, and who leads."""
+    lines = []
+    for p in pairs:
+        if not isinstance(p, dict) or not isinstance(p.get("metrics"), dict):
+            continue
+        cells = []
+        for m in names:
+            r = p["metrics"].get(m)
+            if not isinstance(r, dict) or r.get("b_over_a") is None:
+                continue
+            rank = r.get("ranking") or {}
+            verdict = "; ".join(rank.get("flags") or []) or (f"{rank['leader']} ahead" if rank.get("leader") else "")
+            cells.append(f"`{m}` {r['b_over_a']:.3g}× ({verdict})")
+        if cells:
+            lines.append(f"- {p.get('b')} over {p.get('a')}: " + ", ".join(cells))
+    return lines + [""] if lines else []
+
+
 def grid_sections(results_dir: Path, results_display: str) -> list[str]:
     """One table per grid run under ``grid/``: median (± half the spread) per arm and metric,
     flags from the grid's own judgement, and each arm's delta against the spec's baseline arm."""
     lines: list[str] = []
-    summaries = sorted((results_dir / "grid").glob("*/summary.json"))
+    # a grid's folder holds its summary, or one folder per host (named by its slug) that does
+    summaries = sorted([*(results_dir / "grid").glob("*/summary.json"),
+                        *(results_dir / "grid").glob("*/*-cores/summary.json")])
     if not summaries:
         return lines
     lines += ["## Grid runs", "",
@@ -389,9 +410,10 @@ def grid_sections(results_dir: Path, results_display: str) -> list[str]:
         arms = [a["name"] for a in g.get("arms") or []]
         if not metrics or not arms:
             continue
-        src = f"{results_display}/grid/{f.parent.name}/summary.json"
+        run = f.parent.relative_to(results_dir / "grid").as_posix()
+        src = f"{results_display}/grid/{run}/summary.json"
         busy = g.get("busy_passes") or []
-        lines += [f"### `grid/{f.parent.name}` (spec `{g.get('name')}`)", ""]
+        lines += [f"### `grid/{run}` (spec `{g.get('name')}`)", ""]
         if g.get("description"):
             lines += [_description(g["description"]), ""]
         names = list(metrics)
@@ -410,6 +432,7 @@ def grid_sections(results_dir: Path, results_display: str) -> list[str]:
                 flags.append(f"`{m}`: {tag}")
         lines += ["", f"{g.get('passes')} passes" + (f", busy passes {busy}" if busy else "")
                   + (" (after a warm-up pass)" if g.get("warmup") else "") + ". " + "; ".join(flags), ""]
+        lines += _pair_lines(g.get("pairs") or [], names)
         lines += [f"Source: `{src}`", ""]
     return lines
 
@@ -453,6 +476,8 @@ def _family(rel: Path, data: dict) -> str:
         # each grid run, and each host's compare run (a model's own compare folder holds one
         # directory per host, named by its slug), is a family of its own
         per_host = rel.parts[0].startswith("compare_") and len(rel.parts) > 2 and rel.parts[1].endswith("-cores")
+        if rel.parts[0] == "grid" and len(rel.parts) > 3 and rel.parts[2].endswith("-cores"):
+            return "/".join(rel.parts[:3])  # one grid spec, one folder per host
         return "/".join(rel.parts[:2]) if rel.parts[0] in ("grid", "compare", "compare_1b") or per_host \
             else rel.parts[0]
     kind = data.get("benchmark") or data.get("kind") or data.get("bench")

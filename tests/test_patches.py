@@ -98,6 +98,7 @@ def test_load_all_is_idempotent_and_states_never_change(monkeypatch):
                                "greedy_sampler": greedy, "slot_mapping_bind": State.APPLIED,
                                "pp_stage_buffer": State.APPLIED, "wna16_missing_op": State.APPLIED,
                                "tokenizer_build_lists": State.APPLIED,
+                               "tokenizer_copies": State.APPLIED,
                                "processor_template_probe": State.APPLIED,
                                "kernel_rebind_scan": State.APPLIED}
     assert sys.modules["vllm.compilation.decorators"]._try_load_aot_compiled_fn is replaced

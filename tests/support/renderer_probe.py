@@ -1,6 +1,6 @@
 """vLLM's renderer for a model folder, built and warmed up as an engine start does, in its own
-process: prints one JSON line with the RssAnon it added (over the process tree), its time, the processors vLLM cached and
-the chat template it resolves.
+process: prints one JSON line with the RssAnon it added (over the process tree), its time, the
+processors vLLM cached and the chat template it resolves.
 
 Usage: python renderer_probe.py MODEL_DIR  (the patch switches come from the environment)
 """
@@ -29,7 +29,7 @@ if __name__ == "__main__":
     seconds = time.perf_counter() - t0
     added = tree_rss_anon_mb()[0] - before
     template = hf.resolve_chat_template(renderer.tokenizer, None, None,
-                                     model_config=config.model_config)
+                                        model_config=config.model_config)
     print(json.dumps({
         "rss_anon_mb": round(added, 1), "seconds": round(seconds, 2),
         "processors_cached": cached_get_processor.cache_info().currsize,

@@ -84,6 +84,14 @@ def source_of(current: Any) -> str | None:
         return None
 
 
+def check_params(name: str, original: Any, expected: tuple[str, ...]) -> None:
+    """Raise LookupError (the patch becomes ``target-missing``) when ``original`` no longer takes
+    the parameters its replacement was written for."""
+    params = tuple(inspect.signature(original).parameters)
+    if params != expected:
+        raise LookupError(f"{name} takes {params}, the patch expects {expected}")
+
+
 def resolve(target: str) -> tuple[Any, str, Any]:
     """``module:a.b.c`` -> (object holding c, "c", current value). Raises LookupError."""
     if ":" not in target:

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 from typing import Any
 
-from vllm_edge.patches import Patch, source_of
+from vllm_edge.patches import Patch, check_params, source_of
 
 # Steps this process sampled on the fast path / handed to the original.
 fast_steps = 0
@@ -84,9 +83,7 @@ def _make_replacement(owner: Any, attr: str, original: Any) -> Any:
     if unknown:
         raise LookupError(f"SamplingMetadata has fields the greedy fast path was not written "
                           f"for: {sorted(unknown)}")
-    params = tuple(inspect.signature(original).parameters)
-    if params != _FORWARD_PARAMS:
-        raise LookupError(f"Sampler.forward takes {params}, the fast path expects {_FORWARD_PARAMS}")
+    check_params("Sampler.forward", original, _FORWARD_PARAMS)
     inert = _inert_processors()
     exact = (torch.bfloat16, torch.float16)  # widen to float32 without rounding
 

@@ -16,12 +16,11 @@ form a mapping, and skipping values whose ``vars()`` fails.
 
 from __future__ import annotations
 
-import inspect
 import sys
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_edge.patches import Patch, source_of
+from vllm_edge.patches import Patch, check_params, source_of
 
 def _own_attributes(value: Any) -> Mapping | None:
     try:
@@ -39,9 +38,7 @@ def _is_fixed_upstream(owner: Any, attr: str, current: Any) -> bool:
 
 
 def _make_replacement(owner: Any, attr: str, original: Any) -> Any:
-    params = tuple(inspect.signature(original).parameters)
-    if params != ("overrides",):
-        raise LookupError(f"_rebind_kernels takes {params}, the replacement expects ('overrides',)")
+    check_params(attr, original, ("overrides",))
 
     def _rebind_kernels(overrides: Any) -> None:
         pairs = list(overrides)

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import inspect
 import json
 from pathlib import Path
 from typing import Any
 
-from vllm_edge.patches import Patch, source_of
+from vllm_edge.patches import Patch, check_params, source_of
 
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json",
                    "video_preprocessor_config.json")
@@ -78,9 +77,7 @@ _PARAMS = {
 
 
 def _make_replacement(owner: Any, attr: str, original: Any) -> Any:
-    params = tuple(inspect.signature(original).parameters)
-    if params != _PARAMS[attr]:
-        raise LookupError(f"{attr} takes {params}, the patch expects {_PARAMS[attr]}")
+    check_params(attr, original, _PARAMS[attr])
     if attr == "resolve_chat_template":
         @functools.wraps(original)
         def resolve_chat_template(tokenizer: Any, chat_template: Any, tools: Any, *,
@@ -94,12 +91,20 @@ def _make_replacement(owner: Any, attr: str, original: Any) -> Any:
         resolve_chat_template.__vllm_edge_patch__ = "processor_template_probe"
         return resolve_chat_template
 
+    # folder -> only_a_tokenizer, read once: every chat render resolves the template, and
+    # upstream's own answer is cached by the same name for the life of the process
+    folders: dict[str, bool] = {}
+
     @functools.wraps(original)
     def probe(tokenizer: Any, **kwargs: Any) -> Any:
         global skipped
-        if _text_only.get() and only_a_tokenizer(getattr(tokenizer, "name_or_path", "")):
-            skipped += 1
-            return None
+        if _text_only.get():
+            name = str(getattr(tokenizer, "name_or_path", ""))
+            if name not in folders:
+                folders[name] = only_a_tokenizer(name)
+            if folders[name]:
+                skipped += 1
+                return None
         return original(tokenizer, **kwargs)
 
     probe.__vllm_edge_patch__ = "processor_template_probe"

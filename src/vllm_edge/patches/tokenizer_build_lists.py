@@ -20,7 +20,7 @@ import functools
 import types
 from typing import Any, Iterator
 
-from vllm_edge.patches import Patch, source_of
+from vllm_edge.patches import Patch, check_params, source_of
 
 BUILD_LISTS = ("_vocab", "_merges")
 
@@ -86,11 +86,7 @@ def _is_fixed_upstream(owner: Any, attr: str, current: Any) -> bool:
 
 
 def _make_replacement(owner: Any, attr: str, original: Any) -> Any:
-    import inspect
-
-    params = tuple(inspect.signature(original).parameters)
-    if params != ("tokenizer",):
-        raise LookupError(f"get_cached_tokenizer takes {params}, the patch expects ('tokenizer',)")
+    check_params(attr, original, ("tokenizer",))
 
     @functools.wraps(original)
     def get_cached_tokenizer(tokenizer: Any) -> Any:

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import copy
 import functools
-import inspect
 from typing import Any
 
-from vllm_edge.patches import Patch, source_of
+from vllm_edge.patches import Patch, check_params, source_of
 
 EAGER_POOL_COPIES = 1
 
@@ -63,9 +62,7 @@ _PARAMS = {"get_cached_tokenizer": ("tokenizer",), "maybe_make_thread_pool": ("t
 
 
 def _make_replacement(owner: Any, attr: str, original: Any) -> Any:
-    params = tuple(inspect.signature(original).parameters)
-    if params != _PARAMS[attr]:
-        raise LookupError(f"{attr} takes {params}, the patch expects {_PARAMS[attr]}")
+    check_params(attr, original, _PARAMS[attr])
     if attr == "get_cached_tokenizer":
         @functools.wraps(original)
         def get_cached_tokenizer(tokenizer: Any) -> Any:

@@ -86,9 +86,12 @@ def disk_full(monkeypatch):
 
 
 def _run_llm(fn, **llm_kwargs):
-    from vllm import LLM
+    from vllm import LLM, envs
     from vllm.distributed import cleanup_dist_env_and_memory
 
+    # an engine freezes vLLM's environment variables at its start (enable_envs_cache): without
+    # this, an engine reads the values the session's first engine saw, not the ones it is given
+    envs.disable_envs_cache()
     old = os.environ.get(_MP)
     os.environ[_MP] = "0"  # one process: apply_model reaches the model, and cleanup frees it
     try:

@@ -388,6 +388,18 @@ _declare(
     owner="vllm",
 )
 _declare(
+    "VLLM_CPU_ATTN_SPLIT_KV", "bool", None,
+    "vLLM's own switch (its default: on): its CPU attention shares a lone query token's keys "
+    "between the threads and merges the parts. The edge engines set 0 where each thread has "
+    "a KV head of its own without it, so that a plain step and a speculative verification "
+    "step give a sequence's rows the same bits; a value the user set is kept.",
+    "Greedy answers with and without speculation are the same with it off and part at near "
+    "ties with it on (tests/runtime/test_speculative_engine.py); off, the default build "
+    "decoded as fast and the one-KV-head Gemma 3 file slower, both inside the noise "
+    "(benchmarks/results/grid/attention_split/).",
+    owner="vllm",
+)
+_declare(
     "VLLM_USE_LAYERNAME", "bool", None,
     "vLLM's own switch: on torch 2.11 and later its attention and KV-cache ops take the layer "
     "name as an opaque Python object (1, vLLM's default) or as a string (0). Compiled engines "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_edge.runtime import engine
+from vllm_edge.runtime import attention_split, engine
 
 
 def test_threads_follow_allowed_cores_by_default(monkeypatch):
@@ -27,9 +27,32 @@ def test_threads_env_lowers_and_is_capped_at_the_cores(monkeypatch):
 def test_one_process_env_carries_the_thread_choice(default_model_dir, monkeypatch):
     monkeypatch.setenv("VLLM_EDGE_THREADS", "1")
     edge = engine.edge_engine(default_model_dir, enforce_eager=True)
-    assert edge.env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
+    assert edge.env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1",
+                        "VLLM_CPU_ATTN_SPLIT_KV": "0"}
     multi = engine.edge_engine(default_model_dir, one_process=False)
     assert "OMP_NUM_THREADS" not in multi.env
+
+
+def test_attention_split_is_off_where_each_thread_keeps_a_kv_head(default_model_dir, monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_ATTN_SPLIT_KV", raising=False)
+    monkeypatch.setenv("VLLM_EDGE_THREADS", "2")  # the default model has 3 KV heads
+    edge = engine.edge_engine(default_model_dir, enforce_eager=True)
+    assert edge.env["VLLM_CPU_ATTN_SPLIT_KV"] == "0"
+    assert "same with and without speculation" in edge.reasons["VLLM_CPU_ATTN_SPLIT_KV"]
+    # with two ranks of tensor parallelism a rank holds one KV head: each of its threads
+    # would not have one, so vLLM's split stays
+    env, reasons = {}, {}
+    attention_split.apply(env, reasons, kv_heads=1, threads=2)
+    assert env == {} and "leave threads idle" in reasons["VLLM_CPU_ATTN_SPLIT_KV"]
+    attention_split.apply(env, reasons, kv_heads=2, threads=2)
+    assert env == {"VLLM_CPU_ATTN_SPLIT_KV": "0"}
+    for given, warned in (("1", True), ("0", False)):
+        monkeypatch.setenv("VLLM_CPU_ATTN_SPLIT_KV", given)
+        edge = engine.edge_engine(default_model_dir, enforce_eager=True)
+        why = edge.reasons["VLLM_CPU_ATTN_SPLIT_KV"]
+        assert "VLLM_CPU_ATTN_SPLIT_KV" not in edge.env  # the user's value stays as it is
+        assert f"={given} given in the environment" in why
+        assert ("can part at a near tie" in why) is warned
 
 
 def test_budget_below_one_sequence_names_the_minimum(default_model_dir):

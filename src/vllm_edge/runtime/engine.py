@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_edge.runtime.kv import kv_budget_for
+from vllm_edge.runtime.kv import kv_budget_for, kv_heads_per_rank
 
 WORKER_EXTENSION = "vllm_edge.runtime.worker_ext.EdgeWorkerExtension"
 # vLLM 0.32's CPU platform sets block_size=128 unless the user chose one.
@@ -145,6 +145,10 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
     else:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         reasons["VLLM_ENABLE_V1_MULTIPROCESSING"] = "multiprocess executor requested"
+    from vllm_edge.runtime import attention_split
+
+    attention_split.apply(env, reasons, kv_heads_per_rank(config, tensor_parallel_size),
+                          attention_threads(env, cores, world // max(nnodes, 1)))
     if not enforce_eager:
         from vllm_edge.runtime import cpp_wrapper
 
@@ -195,6 +199,14 @@ def parallel_layout(kwargs: dict[str, Any], reasons: dict[str, str], env: dict[s
         ("the engine core stays in " + ("the server's engine process" if server else "this process")
          + "; only the ranks get processes of their own")
         if one_process else "multiprocess engine core requested")
+
+
+def attention_threads(env: dict[str, str], cores: list[int], local_ranks: int) -> int:
+    """The threads one rank's attention runs on: the edge mode's own count where it set one,
+    else the rank's share of the allowed cores."""
+    if "OMP_NUM_THREADS" in env:
+        return int(env["OMP_NUM_THREADS"])
+    return max(1, len(cores) // max(local_ranks, 1))
 
 
 def thread_count(cores: list[int]) -> tuple[int, str]:

@@ -65,6 +65,14 @@ def _sliding_layers(cfg: Any, n_layers: int) -> tuple[int, int | None]:
     return 0, window
 
 
+def kv_heads_per_rank(config: Any, tensor_parallel_size: int = 1) -> int:
+    """The KV heads one rank attends over: its share under tensor parallelism, at least one
+    (vLLM replicates a head when there are fewer heads than ranks)."""
+    cfg = _text_config(config)
+    kv_heads = positive_int(cfg, "num_key_value_heads", positive_int(cfg, "num_attention_heads"))
+    return max(1, kv_heads // tensor_parallel_size)
+
+
 def kv_budget_for(config: Any, max_model_len: int, max_num_seqs: int = 1,
                   kv_dtype: str = "bfloat16", block_size: int = 16, *,
                   tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1) -> KvBudget:
@@ -79,8 +87,7 @@ def kv_budget_for(config: Any, max_model_len: int, max_num_seqs: int = 1,
     all_layers = positive_int(cfg, "num_hidden_layers")
     n_layers = math.ceil(all_layers / pipeline_parallel_size)
     n_heads = positive_int(cfg, "num_attention_heads")
-    kv_heads = positive_int(cfg, "num_key_value_heads", n_heads)
-    kv_heads = max(1, kv_heads // tensor_parallel_size)
+    kv_heads = kv_heads_per_rank(cfg, tensor_parallel_size)
     if _get(cfg, "head_dim") is not None:
         head_dim = positive_int(cfg, "head_dim")
     else:

@@ -9,14 +9,13 @@ proposer is a string match (vLLM's ``NgramProposer``, numba). It pays when the a
 from its input (a summary, an edit of given text or code, a quotation), and costs a wider
 step when a proposal is rejected.
 
-Greedy answers are the model's own tokens up to rounding. vLLM 0.32's CPU kernels do not give
-a query row the same result whatever the number of rows beside it: its attention splits one
-row's keys between threads only when the row is alone in its query tile
-(``VLLM_CPU_ATTN_SPLIT_KV``, on by default), and its oneDNN bf16 matmul rounds a single row
-differently from the same row in a batch. A verification step runs several rows where plain
-decoding runs one, so on a near-tie of two logits the greedy choice can differ. With the
-attention split off, the ``cpu_int4`` path gives bit-identical logprobs with and without
-speculation (docs/guide/run.md#speculative-decoding).
+Greedy answers are the model's own tokens. vLLM 0.32's CPU attention splits a lone query
+row's keys between the threads (``VLLM_CPU_ATTN_SPLIT_KV``) and never a tile of several rows,
+so a verification step and a plain step would round the same position differently and part
+at a near tie; the edge engines turn the split off where each thread keeps a KV head
+(:mod:`vllm_edge.runtime.attention_split`), and the ``cpu_int4`` path then gives bit-identical
+logprobs with and without speculation (docs/guide/run.md#speculative-decoding). A bf16
+build's oneDNN matmul also rounds a lone row differently from the same row in a batch.
 
 ``auto`` is n-gram lookup where the measurements say it pays: only while the request is the
 only one running, and only while its recent proposals were kept

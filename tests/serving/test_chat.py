@@ -70,3 +70,49 @@ def test_show_names_where_each_sampling_value_comes_from():
     s.set("temperature", "0")
     assert s.sampling() == {"temperature": 0.0}
     assert s.show().startswith("temperature=0.0 (/set) top_p=0.9 (server default)")
+
+
+def _sse_server(chunks):
+    """A loopback server that answers any POST with ``chunks`` as server-sent events and keeps
+    what it was sent."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append((self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for c in chunks:
+                self.wfile.write(f"data: {json.dumps(c)}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, seen
+
+
+def test_a_base_model_prompt_is_streamed_as_a_plain_completion():
+    chunks = [{"choices": [{"index": 0, "text": " Paris", "finish_reason": None}]},
+              {"choices": [{"index": 0, "text": ".", "finish_reason": "length"}]},
+              {"choices": [], "usage": {"completion_tokens": 2}}]
+    server, seen = _sse_server(chunks)
+    try:
+        out = io.StringIO()
+        settings = chat.Settings(temperature=0.0, max_tokens=2, system="ignored for a base model")
+        ans = chat.stream_completion(f"http://127.0.0.1:{server.server_port}", "m",
+                                     "The capital of France is", settings, out)
+    finally:
+        server.shutdown()
+    assert out.getvalue() == ans.text == "Paris."
+    assert ans.completion_tokens == 2 and ans.finish_reason == "length"
+    path, body = seen[0]
+    assert path == "/v1/completions" and body["prompt"] == "The capital of France is"
+    assert "messages" not in body and body["max_tokens"] == 2 and body["temperature"] == 0.0

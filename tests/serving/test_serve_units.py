@@ -268,3 +268,18 @@ def test_open_host_without_a_key_is_warned(default_model_dir, monkeypatch, capsy
     finally:
         gate.configure(None)
     assert ("WARNING: listening on" in capsys.readouterr().err) == warned
+
+
+def test_a_folder_without_a_template_is_a_base_model(tmp_path):
+    """A tokenizer_config.json without chat_template is no template (not the text "null");
+    each place vLLM reads a template from makes the folder a chat model."""
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": True}))
+    assert serve.own_template(tmp_path) is None and not serve.has_chat_template(tmp_path)
+    (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": "{{ x }}"}))
+    assert serve.has_chat_template(tmp_path)
+    (tmp_path / "chat_template.json").unlink()
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ y }}"}))
+    assert serve.own_template(tmp_path) == "{{ y }}" and serve.has_chat_template(tmp_path)
+    (tmp_path / "tokenizer_config.json").unlink()
+    (tmp_path / "chat_template.jinja").write_text("{{ z }}")
+    assert serve.own_template(tmp_path) == "{{ z }}" and serve.has_chat_template(tmp_path)

@@ -3,7 +3,8 @@ from spawning it to the first token of an answer with warm caches, and its resid
 per process once it has answered.
 
 Each pass stops any server of the model, starts one through :func:`keepalive.ensure` (what
-`run` does), streams one greedy answer (after `run`'s system message for the model) and reads
+`run` does), streams one greedy answer (after `run`'s system message for the model; a plain
+completion of the question for a base model without a chat template, as `run` asks it) and reads
 RssAnon of every process in the server's tree: the API server, the engine core and, apart, the
 gate's schema compiler when it lives (it exits when idle, so it is not part of the server's
 resting size). Arms differ in extra vLLM flags and environment; passes rotate through the
@@ -28,24 +29,28 @@ PROMPT = "What is the capital of France?"
 SETTLE_S = 2.0  # after the answer: let the allocator return what the request freed
 
 
-def _first_token_s(rec, name: str, system: str | None) -> tuple[float, str]:
+def _first_token_s(rec, name: str, system: str | None, base: bool = False) -> tuple[float, str]:
     """Seconds from sending one chat request (``system``: run's system message, None for no
-    system turn) to its first content token, and the answer."""
+    system turn) to its first content token, and the answer. ``base``: the model has no chat
+    template, so the request is a plain completion of the question, as `run` sends it."""
     import httpx
 
     messages = [{"role": "user", "content": PROMPT}]
     if system is not None:
         messages.insert(0, {"role": "system", "content": system})
-    body = {"model": name, "messages": messages, "max_tokens": 16, "temperature": 0, "stream": True}
+    body: dict[str, Any] = {"model": name, "max_tokens": 16, "temperature": 0, "stream": True}
+    body.update({"prompt": PROMPT} if base else {"messages": messages})
+    path = "/v1/completions" if base else "/v1/chat/completions"
     t0 = time.perf_counter()
     first, text = None, []
-    with httpx.stream("POST", f"{rec.url}/v1/chat/completions", json=body, headers=rec.headers,
+    with httpx.stream("POST", f"{rec.url}{path}", json=body, headers=rec.headers,
                       timeout=600, trust_env=False) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            delta = json.loads(line[6:])["choices"][0].get("delta", {}).get("content")
+            choice = json.loads(line[6:])["choices"][0]
+            delta = choice.get("text") if base else choice.get("delta", {}).get("content")
             if delta:
                 first = first if first is not None else time.perf_counter() - t0
                 text.append(delta)
@@ -88,7 +93,11 @@ def one_pass(model: str, extra: list[str], env: dict[str, str], enforce_eager: b
         ready_s = time.perf_counter() - t0
         if not started:
             raise RuntimeError(f"a server for {model} was running: stop it first")
-        ttft, answer = _first_token_s(rec, keepalive.served_name(rec), system)
+        from vllm_edge.serving.serve import has_chat_template
+
+        root = keepalive.served_root(rec)
+        base = root is not None and not has_chat_template(root)
+        ttft, answer = _first_token_s(rec, keepalive.served_name(rec), system, base)
         build = keepalive.served_build(rec)
         first_token_s = ready_s + ttft
         time.sleep(SETTLE_S)
@@ -101,7 +110,7 @@ def one_pass(model: str, extra: list[str], env: dict[str, str], enforce_eager: b
                 os.environ[k] = v
     keepalive.stop(rec)
     return {"ready_s": round(ready_s, 2), "first_token_s": round(first_token_s, 2),
-            "build": build, "answer": answer[:80], "loadavg": round(os.getloadavg()[0], 2), **mem}
+            "build": build, "request": "completion" if base else "chat", "answer": answer[:80], "loadavg": round(os.getloadavg()[0], 2), **mem}
 
 
 def run(model: str = "default", *, arms: dict[str, dict[str, Any]], passes: int = 3,

@@ -99,6 +99,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def serves_base_model(rec: keepalive.Record, model: str, interactive: bool) -> bool:
+    """Whether the server's model has no chat template (a base model, whose prompt is then
+    completed as plain text); a UsageError when a chat with it was asked for."""
+    from vllm_edge.common.errors import UsageError
+    from vllm_edge.serving.serve import BASE_MODEL_LINE, has_chat_template
+
+    root = keepalive.served_root(rec)
+    if root is None or has_chat_template(root):
+        return False
+    if interactive:
+        raise UsageError(f"--model {model}: {BASE_MODEL_LINE}; a chat needs one, so pass "
+                         "--prompt TEXT (or pipe the text in) for a plain completion")
+    return True
+
+
 def client(args: argparse.Namespace, keep_s: float) -> int:
     """`run` against a keep-alive server: started if none is up, reused if one is."""
     import time
@@ -107,6 +122,7 @@ def client(args: argparse.Namespace, keep_s: float) -> int:
     from vllm_edge.common.procmem import process_start_epoch, tree_rss_anon_mb
     from vllm_edge.serving import chat, startup_phases
     from vllm_edge.serving.run import DEFAULT_PROMPT, system_message
+    from vllm_edge.serving.serve import BASE_MODEL_LINE
 
     started = process_start_epoch()
     interactive = args.prompt is None and sys.stdin.isatty()
@@ -136,6 +152,7 @@ def client(args: argparse.Namespace, keep_s: float) -> int:
         max_tokens=args.max_tokens or (512 if interactive else 64),
         system=system, system_source=system_source,
         server=st.get("sampling") or {}, server_source=st.get("sampling_source"))
+    base = serves_base_model(rec, args.model, interactive)
     if interactive:
         return chat.repl(rec.url, name, settings, headers=rec.headers,
                          check=lambda: keepalive.verify(rec), banner=(
@@ -143,8 +160,12 @@ def client(args: argparse.Namespace, keep_s: float) -> int:
             f"{rec.keep_alive_s:g} s after the last request, `vllm-edge stop` ends it). /? for commands, "
             "/bye or Ctrl-D to leave."))
     keepalive.verify(rec)
-    ans = chat.stream_answer(rec.url, name, chat.turn([{"role": "user", "content": prompt}],
-                                                      settings), settings, sys.stdout, rec.headers)
+    if base:
+        print(f"[vllm-edge] {BASE_MODEL_LINE}", file=sys.stderr)
+        ans = chat.stream_completion(rec.url, name, prompt, settings, sys.stdout, rec.headers)
+    else:
+        ans = chat.stream_answer(rec.url, name, chat.turn([{"role": "user", "content": prompt}],
+                                                          settings), settings, sys.stdout, rec.headers)
     print()
     if args.prompt is not None:  # a pipe gets the answer alone
         mb, procs = tree_rss_anon_mb(rec.pid)

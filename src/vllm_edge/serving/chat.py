@@ -99,14 +99,30 @@ def stream_answer(base_url: str, model: str, messages: list[dict], settings: Set
                   out: TextIO, headers: dict[str, str] | None = None) -> Answer:
     """One chat completion, streamed to ``out`` as it arrives; ``headers`` carry the
     server's key. The server is on loopback: no proxy from the environment is used."""
-    import httpx
-
     body = {"model": model, "messages": messages, "stream": True,
             "stream_options": {"include_usage": True}, **settings.sampling(),
             "max_tokens": settings.max_tokens}
+    return _stream(base_url, "/v1/chat/completions", body, out, headers,
+                   lambda ch: (ch.get("delta") or {}).get("content") or "")
+
+
+def stream_completion(base_url: str, model: str, prompt: str, settings: Settings, out: TextIO,
+                      headers: dict[str, str] | None = None) -> Answer:
+    """A plain completion of ``prompt`` (a base model: no chat template to put it in a turn),
+    streamed to ``out`` as :func:`stream_answer` streams a chat answer. No system message."""
+    body = {"model": model, "prompt": prompt, "stream": True,
+            "stream_options": {"include_usage": True}, **settings.sampling(),
+            "max_tokens": settings.max_tokens}
+    return _stream(base_url, "/v1/completions", body, out, headers, lambda ch: ch.get("text") or "")
+
+
+def _stream(base_url: str, path: str, body: dict, out: TextIO, headers: dict[str, str] | None,
+            piece_of: Callable[[dict], str]) -> Answer:
+    import httpx
+
     ans = Answer()
     try:
-        with httpx.stream("POST", base_url + "/v1/chat/completions", json=body,
+        with httpx.stream("POST", base_url + path, json=body,
                           headers=headers or {}, trust_env=False,
                           timeout=httpx.Timeout(None, connect=10)) as r:
             if r.status_code != 200:
@@ -123,7 +139,7 @@ def stream_answer(base_url: str, model: str, messages: list[dict], settings: Set
                 if chunk.get("usage"):
                     ans.completion_tokens = chunk["usage"].get("completion_tokens") or 0
                 for ch in chunk.get("choices") or []:
-                    piece = (ch.get("delta") or {}).get("content") or ""
+                    piece = piece_of(ch)
                     if piece:
                         if ans.first_token_at is None:
                             ans.first_token_at = time.time()

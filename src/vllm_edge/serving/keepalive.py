@@ -344,8 +344,14 @@ def served_name(rec: Record) -> str:
     return _served_model(rec)["id"]
 
 
+def served_root(rec: Record) -> Path | None:
+    """The folder of the build the server loaded (its model's root on /v1/models)."""
+    root = _served_model(rec).get("root")
+    return Path(root) if root else None
+
+
 def served_build(rec: Record) -> str | None:
     """The directory name of the build the server loaded (its model's root): what a
     measurement through the server ran, when a model argument can name another build later."""
-    root = _served_model(rec).get("root")
-    return Path(root).name if root else None
+    root = served_root(rec)
+    return root.name if root else None

@@ -110,10 +110,14 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
         edge.reasons["max_num_seqs"] = ("1: `run` answers one conversation, so the KV cache is "
                                         "priced for one sequence at full length")
         template = None
+        base = False
         if img_mod.model_accepts_images(path):
             edge.kwargs["limit_mm_per_prompt"] = {"image": limits.max_images}
         else:
+            from vllm_edge.serving.serve import has_chat_template
+
             template = text_template(Path(path))
+            base = not has_chat_template(Path(path))
         if template:
             edge.kwargs["chat_template"] = template
             edge.reasons["chat_template"] = (
@@ -153,8 +157,15 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
         if system is not None:
             messages.insert(0, {"role": "system", "content": system})
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        if base:
+            from vllm_edge.serving.serve import BASE_MODEL_LINE
+
+            print(f"[vllm-edge] {BASE_MODEL_LINE}", file=sys.stderr)
         t1 = time.time()
-        out = llm.chat(messages, params, use_tqdm=False, chat_template=template)[0]
+        if base:
+            out = llm.generate(prompt, params, use_tqdm=False)[0]
+        else:
+            out = llm.chat(messages, params, use_tqdm=False, chat_template=template)[0]
         gen_s = time.time() - t1
         metrics = llm.get_metrics()
         answer = out.outputs[0].text
@@ -167,6 +178,8 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
             "pid": os.getpid(),
             "model": str(path),
             "prompt": prompt,
+            # a base model has no chat template: the prompt is completed as plain text
+            "mode": "completion" if base else "chat",
             "images": [{"source": img_mod.describe(li.source), "format": li.format,
                         "width": li.width, "height": li.height, "bytes": li.nbytes} for li in loaded],
             "prompt_tokens": len(out.prompt_token_ids or []),

@@ -173,8 +173,22 @@ def own_template(model_path: Path) -> str | None:
         from vllm_edge.common import model_config
 
         tmpl = model_config.loads(cfg.read_bytes(), str(cfg)).get("chat_template")
+        if tmpl is None:  # a base model's tokenizer: no template, not the text "null"
+            return None
         return tmpl if isinstance(tmpl, str) else json.dumps(tmpl)
     return None
+
+
+# what `run` says before it completes a base model's prompt
+BASE_MODEL_LINE = ("the model has no chat template (a base model): the prompt is completed as "
+                   "plain text, without a system message")
+
+
+def has_chat_template(model_path: Path) -> bool:
+    """Whether the model folder carries a chat template anywhere vLLM looks for one: its own
+    (:func:`own_template`) or a processor's (``chat_template.json``). Without one, vLLM's chat
+    endpoint refuses every conversation: the model is a base model, for plain completions."""
+    return own_template(model_path) is not None or (model_path / "chat_template.json").exists()
 
 
 def vllm_flags(kwargs: dict[str, Any]) -> list[str]:

@@ -26,6 +26,8 @@ def test_threads_env_lowers_and_is_capped_at_the_cores(monkeypatch):
 
 def test_one_process_env_carries_the_thread_choice(default_model_dir, monkeypatch):
     monkeypatch.setenv("VLLM_EDGE_THREADS", "1")
+    # an engine an earlier test started in this process may have left its value behind
+    monkeypatch.delenv("VLLM_CPU_ATTN_SPLIT_KV", raising=False)
     edge = engine.edge_engine(default_model_dir, enforce_eager=True)
     assert edge.env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1",
                         "VLLM_CPU_ATTN_SPLIT_KV": "0"}

@@ -283,3 +283,10 @@ def test_a_folder_without_a_template_is_a_base_model(tmp_path):
     (tmp_path / "tokenizer_config.json").unlink()
     (tmp_path / "chat_template.jinja").write_text("{{ z }}")
     assert serve.own_template(tmp_path) == "{{ z }}" and serve.has_chat_template(tmp_path)
+
+
+def test_an_unreadable_tokenizer_config_is_left_to_vllm(tmp_path):
+    """A tokenizer_config.json that is not JSON is not taken for a base model: the folder goes
+    to vLLM's chat as before, which names what is wrong with the file."""
+    (tmp_path / "tokenizer_config.json").write_text("{not json")
+    assert serve.has_chat_template(tmp_path)

@@ -93,10 +93,7 @@ def one_pass(model: str, extra: list[str], env: dict[str, str], enforce_eager: b
         ready_s = time.perf_counter() - t0
         if not started:
             raise RuntimeError(f"a server for {model} was running: stop it first")
-        from vllm_edge.serving.serve import has_chat_template
-
-        root = keepalive.served_root(rec)
-        base = root is not None and not has_chat_template(root)
+        base = keepalive.serves_base_model(rec)
         ttft, answer = _first_token_s(rec, keepalive.served_name(rec), system, base)
         build = keepalive.served_build(rec)
         first_token_s = ready_s + ttft
@@ -110,7 +107,8 @@ def one_pass(model: str, extra: list[str], env: dict[str, str], enforce_eager: b
                 os.environ[k] = v
     keepalive.stop(rec)
     return {"ready_s": round(ready_s, 2), "first_token_s": round(first_token_s, 2),
-            "build": build, "request": "completion" if base else "chat", "answer": answer[:80], "loadavg": round(os.getloadavg()[0], 2), **mem}
+            "build": build, "request": "completion" if base else "chat", "answer": answer[:80],
+            "loadavg": round(os.getloadavg()[0], 2), **mem}
 
 
 def run(model: str = "default", *, arms: dict[str, dict[str, Any]], passes: int = 3,

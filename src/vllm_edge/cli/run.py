@@ -103,10 +103,9 @@ def serves_base_model(rec: keepalive.Record, model: str, interactive: bool) -> b
     """Whether the server's model has no chat template (a base model, whose prompt is then
     completed as plain text); a UsageError when a chat with it was asked for."""
     from vllm_edge.common.errors import UsageError
-    from vllm_edge.serving.serve import BASE_MODEL_LINE, has_chat_template
+    from vllm_edge.serving.serve import BASE_MODEL_LINE
 
-    root = keepalive.served_root(rec)
-    if root is None or has_chat_template(root):
+    if not keepalive.serves_base_model(rec):
         return False
     if interactive:
         raise UsageError(f"--model {model}: {BASE_MODEL_LINE}; a chat needs one, so pass "

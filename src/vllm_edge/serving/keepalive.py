@@ -350,6 +350,15 @@ def served_root(rec: Record) -> Path | None:
     return Path(root) if root else None
 
 
+def serves_base_model(rec: Record) -> bool:
+    """Whether the server's model has no chat template (a base model): its prompts are then
+    completed as plain text, since its chat endpoint refuses every conversation."""
+    from vllm_edge.serving.serve import has_chat_template
+
+    root = served_root(rec)
+    return root is not None and not has_chat_template(root)
+
+
 def served_build(rec: Record) -> str | None:
     """The directory name of the build the server loaded (its model's root): what a
     measurement through the server ran, when a model argument can name another build later."""

@@ -187,8 +187,13 @@ BASE_MODEL_LINE = ("the model has no chat template (a base model): the prompt is
 def has_chat_template(model_path: Path) -> bool:
     """Whether the model folder carries a chat template anywhere vLLM looks for one: its own
     (:func:`own_template`) or a processor's (``chat_template.json``). Without one, vLLM's chat
-    endpoint refuses every conversation: the model is a base model, for plain completions."""
-    return own_template(model_path) is not None or (model_path / "chat_template.json").exists()
+    endpoint refuses every conversation: the model is a base model, for plain completions. A
+    tokenizer_config.json that cannot be read counts as a template: vLLM then names what is
+    wrong with it, as it did before base models were told apart."""
+    try:
+        return own_template(model_path) is not None or (model_path / "chat_template.json").exists()
+    except (OSError, ValueError):
+        return True
 
 
 def vllm_flags(kwargs: dict[str, Any]) -> list[str]:

@@ -272,6 +272,22 @@ _declare(
     "AVX512-BF16, VBMI or BW it has no effect.",
 )
 _declare(
+    "VLLM_EDGE_INT4_ACT8", "bool", True,
+    "cpu_int4's native product: round each activation row to int8 per weight group, as "
+    "llama.cpp does for a 4-bit block, and multiply with AVX512-VNNI's VPDPBUSD "
+    "(quant/csrc/int4_gemv.c); 0 keeps the AVX512-BF16 product on the bf16 activations. Read "
+    "when the kernel first loads.",
+    "Evidence pending.",
+)
+_declare(
+    "VLLM_EDGE_LOWBIT_ACT8", "bool", True,
+    "cpu_int8's packed product for 8-bit codes (a GGUF's Q8_0 layers and heads): round each "
+    "activation row to int8 per weight group, as llama.cpp does for a Q8_0 block, and multiply "
+    "with AVX512-VNNI's VPDPBUSD (quant/csrc/lowbit_gemv.c); 0 keeps the two-pass AVX512-BF16 "
+    "product on the bf16 activations. Read when the kernel first loads.",
+    "Evidence pending.",
+)
+_declare(
     "VLLM_EDGE_INT4_GEMV", "bool", True,
     "cpu_int4: run batches up to the dequantization threshold (with dequant_threshold "
     "\"auto\", every batch) on the native AVX512-BF16 product (quant/csrc/int4_gemv.c); where "

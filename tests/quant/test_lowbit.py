@@ -28,6 +28,30 @@ def reference(x, q, s, z, group):
     return x.double() @ int8.dequantize(q, s, zz, group).double().T
 
 
+def act8_reference(x, q, s, z, group):
+    """The int8-activation product of 8-bit codes: each row of x rounded per group as the
+    kernel's rule says (step max|x| / 127 in fp32, nearest, ties to even), exact integer dots."""
+    xf = x.float().view(x.shape[0], -1, group)
+    step = xf.abs().amax(-1, keepdim=True) / 127.0
+    inv = torch.where(step > 0, 1.0 / step, torch.zeros_like(step))
+    xq = torch.round(xf * inv).clamp(-127, 127).double()
+    dots = torch.einsum("mgk,ngk->mng", xq, q.double().view(q.shape[0], -1, group))
+    y = (dots * s.double()[None] * step.double().squeeze(-1)[:, None, :]).sum(-1)
+    if z is not None:
+        y = y + (z.double()[None] * xf.double().sum(-1)[:, None, :]).sum(-1)
+    return y
+
+
+def act8_on():
+    lib = lowbit.library()
+    return bool(lib is not None and lib.edge_lowbit_act8())
+
+
+def want(x, q, s, z, group, planes):
+    """What the product should give: 8-bit codes take int8 activations where the kernel does."""
+    return act8_reference(x, q, s, z, group) if planes == 4 and act8_on() else reference(x, q, s, z, group)
+
+
 def close(y, ref, k):
     # bf16 output rounding plus fp32 accumulation over k terms of (128 + u) x, each up to 192 |x|
     bound = ref.abs() * 2 ** -8 + (ref.abs().max() + 1e-3) * k * 2 ** -18
@@ -78,7 +102,32 @@ def test_the_product_equals_the_dequantized_matmul(m, planes, group, offsets):
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     y = lowbit.gemv(x, p.nibbles, p.high, p.scale, p.zero, group, planes)
     assert y is not None and y.shape == (m, n)
-    assert close(y, reference(x, q, s, z, group), k)
+    assert close(y, want(x, q, s, z, group, planes), k)
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", [1, 3, 7])
+def test_eight_bit_codes_take_int8_activations_only_where_switched_on(m):
+    """Each switch position gives its own formulation: the bf16 product the exact values, the
+    int8-activation one (where built with AVX512-VNNI) the rounded activations' values, which
+    the exact reference does not meet; and a row's result does not depend on the rows beside it."""
+    n, k, group = 128, 192, 32
+    q, s, z = codes(n, k, group, 4, offsets=True)
+    p = lowbit.pack(q, s, z, group)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    lib = lowbit.library()
+    try:
+        assert not lowbit.set_act8(lib, False)
+        assert close(lowbit.gemv(x, p.nibbles, p.high, p.scale, p.zero, group, 4), reference(x, q, s, z, group), k)
+        if not lowbit.set_act8(lib, True):
+            pytest.skip("no AVX512-VNNI build here: 8-bit codes keep the bf16 product")
+        y = lowbit.gemv(x, p.nibbles, p.high, p.scale, p.zero, group, 4)
+        assert close(y, act8_reference(x, q, s, z, group), k)
+        assert not close(y, reference(x, q, s, z, group), k)
+        for r in range(m):
+            assert torch.equal(lowbit.gemv(x[r:r + 1], p.nibbles, p.high, p.scale, p.zero, group, 4), y[r:r + 1])
+    finally:
+        lowbit.set_act8(lib)
 
 
 @needs_kernel
@@ -119,7 +168,7 @@ def test_a_wrong_high_nibble_plane_is_caught():
     high.view(1, 64, 32)[0, 6, 3] ^= 1  # row 3, column 6 of block 0
     high = high.view(torch.int32)
     x = torch.randn(1, 64).to(torch.bfloat16)
-    ref = reference(x, q, s, z, 32)
+    ref = want(x, q, s, z, 32, 4)
     assert close(lowbit.gemv(x, p.nibbles, p.high, p.scale, p.zero, 32, 4), ref, 64)
     assert not close(lowbit.gemv(x, p.nibbles, high, p.scale, p.zero, 32, 4), ref, 64)
     assert not torch.equal(lowbit.unpack_codes(p.nibbles, high, 4), q)
@@ -186,7 +235,7 @@ def test_a_vllm_layer_packs_its_codes_at_load(vllm_dist, planes):
         x = torch.randn(m, 128).to(torch.bfloat16)
         out = layer(x)[0]
         ref = x.double() @ int8.dequantize(q, s, z, 32, torch.bfloat16).double().T
-        assert close(out, ref, 128) if m > 16 else close(out, reference(x, q, s, z, 32), 128)
+        assert close(out, ref, 128) if m > 16 else close(out, want(x, q, s, z, 32, planes), 128)
 
 
 def test_a_vllm_layer_outside_whole_blocks_keeps_its_codes(vllm_dist):
@@ -220,7 +269,8 @@ def test_a_vllm_embedding_and_the_head_tied_to_it_run_from_the_packed_table(vllm
     ids = torch.tensor([0, 7, 255, 64])
     assert torch.equal(emb(ids), int8.gather_rows(q, s, z, 32, ids))
     x = torch.randn(3, 128).to(torch.bfloat16)
-    assert close(head.quant_method.apply(head, x), reference(x, q, s, z, 32), 128)
+    ref = want(x, q, s, z, 32, planes) if packed else reference(x, q, s, z, 32)
+    assert close(head.quant_method.apply(head, x), ref, 128)
 
 
 def test_the_switch_keeps_int8(vllm_dist, monkeypatch):

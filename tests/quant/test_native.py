@@ -219,15 +219,61 @@ def _gemv_on(threads, x, p, sz, kg):
         torch.set_num_threads(old)
 
 
+def act8_reference(x, p, sz, kg):
+    """The int8-activation product: each row of x rounded per group as the kernel's rule says
+    (step max|x| / 127 in fp32, nearest, ties to even), exact integer dots with the codes."""
+    k = x.shape[1]
+    q = pack.unpack_packed(p, k).double() - 8
+    s, z = sz[..., 0].T.double(), sz[..., 1].T.double()
+    xf = x.float().view(x.shape[0], -1, kg)
+    step = xf.abs().amax(-1, keepdim=True) / 127.0
+    inv = torch.where(step > 0, 1.0 / step, torch.zeros_like(step))
+    xq = torch.round(xf * inv).clamp(-127, 127).double()
+    dots = torch.einsum("mgk,ngk->mng", xq, q.view(q.shape[0], -1, kg))
+    return ((dots * s[None] * step.double().squeeze(-1)[:, None, :]).sum(-1)
+            + (z[None] * xf.double().sum(-1)[:, None, :]).sum(-1)).float()
+
+
+def act8_on():
+    lib = native.library()
+    return bool(native.gemv_supported() and lib.edge_int4_act8())
+
+
 def _check_against_reference(n, k, group, rows, threads):
-    """Whichever product native.gemv runs here, against the fp32 product of the dequantized weight."""
+    """Whichever product native.gemv runs here, against the fp32 product of the dequantized
+    weight, or where the product rounds activations to int8, against that formulation."""
     p, sz, kg = packed_weights(n, k, group)[:3]
     w = pack.dequantize_packed(p, sz, kg, dtype=torch.float32)
     x = torch.randn(rows, k, dtype=torch.bfloat16)
     y = _gemv_on(threads, x, p, sz, kg)
     ref, tol = _bound(x, w)
+    if act8_on():
+        ref = act8_reference(x, p, sz, kg)
     assert y.shape == (rows, n) and y.dtype == torch.bfloat16
     assert ((y.float() - ref).abs() <= tol).all(), (y.float() - ref).abs().max()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 6])
+def test_int8_activations_only_where_switched_on(gemv_lib, rows):
+    """Each switch position gives its own formulation: the bf16 product the dequantized
+    weight's, the int8-activation one (where built with AVX512-VNNI) the rounded activations',
+    which the exact bound does not hold; a row's result does not depend on the rows beside it."""
+    p, sz, kg = packed_weights(960, 576, 32)[:3]
+    w = pack.dequantize_packed(p, sz, kg, dtype=torch.float32)
+    x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    ref, tol = _bound(x, w)
+    try:
+        assert not native.set_act8(gemv_lib, False)
+        assert ((native.gemv(x, p, sz, kg).float() - ref).abs() <= tol).all()
+        if not native.set_act8(gemv_lib, True):
+            pytest.skip("no AVX512-VNNI build here: the product keeps bf16 activations")
+        y = native.gemv(x, p, sz, kg)
+        assert ((y.float() - act8_reference(x, p, sz, kg)).abs() <= tol).all()
+        assert not ((y.float() - ref).abs() <= tol).all()
+        for r in range(rows):
+            assert torch.equal(native.gemv(x[r:r + 1], p, sz, kg), y[r:r + 1])
+    finally:
+        native.set_act8(gemv_lib)
 
 
 @pytest.mark.parametrize("n,k,group", [(960, 576, 32), (1536, 576, 64), (576, 1536, 128), (64, 2048, 64),

@@ -14,6 +14,10 @@ widening each byte, and the C++ op's call path instead of the Python one. An emb
 packed too, and its rows are looked up from the packed table (:func:`gather`), so a head tied
 to it runs the packed product without a second copy of the table.
 
+On a CPU with AVX512-VNNI, 8-bit codes multiply int8 activations instead (each row rounded per
+weight group, as llama.cpp rounds the activations of a Q8_0 block) with VPDPBUSD, about half the
+instructions of the two bf16 passes; ``VLLM_EDGE_LOWBIT_ACT8=0`` keeps the bf16 product.
+
 Where the CPU lacks AVX512-BF16, VBMI or BW, the kernel cannot be built, or a shape does not
 fit (rows not a multiple of 64, columns of 32, a group not a multiple of 16), the layer keeps
 the row-major int8 codes and cpu_int8's own products (AVX-512, AVX2 or portable): correct,
@@ -148,9 +152,23 @@ def library() -> ctypes.CDLL | None:
     for name in ("edge_lowbit_dequant", "edge_lowbit_dequant_t"):
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, [p] * 5 + [i] * 6
     lib.edge_lowbit_gather.restype, lib.edge_lowbit_gather.argtypes = ctypes.c_int, [p] * 6 + [i] * 6
-    for name in ("edge_lowbit_supported", "edge_lowbit_openmp"):
+    for name in ("edge_lowbit_supported", "edge_lowbit_openmp", "edge_lowbit_act8"):
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, []
+    set_act8(lib)
     return lib
+
+
+def set_act8(lib: ctypes.CDLL, on: bool | None = None) -> bool:
+    """Set whether ``lib`` (the ctypes kernel, or the C++ op's library that holds its own copy)
+    multiplies 8-bit codes by int8 activations: ``on``, else ``VLLM_EDGE_LOWBIT_ACT8``. Returns
+    whether it now does (False where it was not built with AVX512-VNNI)."""
+    from vllm_edge import envs
+
+    want = envs.get("VLLM_EDGE_LOWBIT_ACT8") if on is None else on
+    lib.edge_lowbit_set_act8.restype, lib.edge_lowbit_set_act8.argtypes = None, [ctypes.c_int]
+    lib.edge_lowbit_set_act8(int(bool(want)))
+    lib.edge_lowbit_act8.restype, lib.edge_lowbit_act8.argtypes = ctypes.c_int, []
+    return bool(lib.edge_lowbit_act8())
 
 
 @functools.cache

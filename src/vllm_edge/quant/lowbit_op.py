@@ -14,6 +14,7 @@ failure is logged once and leaves the fallback: slower, never wrong.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import threading
@@ -52,19 +53,24 @@ def _fake(x, nibbles, high, scale, zero, group, planes):
     return x.new_empty((*x.shape[:-1], scale.shape[1]))
 
 
-def _probe(fallback: Callable[..., torch.Tensor]) -> None:
-    """The loaded kernel must give the Python route's bits at one row and at 40."""
+def _probe(path: Path, fallback: Callable[..., torch.Tensor]) -> None:
+    """The loaded kernel must give the Python route's bits at one row and at 40, for 6-bit codes
+    and for 8-bit ones, with the int8-activation switch set as the Python route's."""
+    lib = lowbit.library()
+    if lib is not None:
+        lowbit.set_act8(ctypes.CDLL(str(path)), bool(lib.edge_lowbit_act8()))
     gen = torch.Generator().manual_seed(0)
-    q = torch.randint(-32, 32, (128, 64), dtype=torch.int16, generator=gen).to(torch.int8)
-    s = (torch.rand(128, 4, generator=gen) * 1e-2).to(torch.float16)
-    z = (torch.rand(128, 4, generator=gen) * 1e-2).to(torch.float16)
-    p = lowbit.pack(q, s, z, 16)
-    for m in (1, 40):
-        x = torch.randn(m, 64, generator=gen).to(torch.bfloat16)
-        args = (x, p.nibbles, p.high, p.scale, p.zero, 16, p.planes)
-        got = getattr(torch.ops, native_op.NAMESPACE).lowbit_linear.default(*args)
-        if not torch.equal(got, fallback(*args)):
-            raise RuntimeError(f"its output differs from the Python route at {m} rows")
+    for lo in (32, 128):
+        q = torch.randint(-lo, lo, (128, 64), dtype=torch.int16, generator=gen).to(torch.int8)
+        s = (torch.rand(128, 4, generator=gen) * 1e-2).to(torch.float16)
+        z = (torch.rand(128, 4, generator=gen) * 1e-2).to(torch.float16)
+        p = lowbit.pack(q, s, z, 16)
+        for m in (1, 40):
+            x = torch.randn(m, 64, generator=gen).to(torch.bfloat16)
+            args = (x, p.nibbles, p.high, p.scale, p.zero, 16, p.planes)
+            got = getattr(torch.ops, native_op.NAMESPACE).lowbit_linear.default(*args)
+            if not torch.equal(got, fallback(*args)):
+                raise RuntimeError(f"its output differs from the Python route at {m} rows, {p.planes} planes")
 
 
 def _unavailable() -> str | None:
@@ -93,7 +99,7 @@ def load(fallback: Callable[..., torch.Tensor]) -> bool:
     path = native_op.cached_path(cc, cxx, C_SOURCE, CXX_SOURCE, "lowbitop")
     err = native_op.build_load_probe(
         "cpu_int8: the packed op (quant/csrc/lowbit_op.cpp)", path,
-        lambda: native_op.build(cc, cxx, path, C_SOURCE, CXX_SOURCE), lambda: _probe(fallback),
+        lambda: native_op.build(cc, cxx, path, C_SOURCE, CXX_SOURCE), lambda: _probe(path, fallback),
         "packed layers keep the Python op")
     _state = f"failed: {err[-300:]}" if err else f"loaded ({path})"
     return err is None

@@ -162,11 +162,25 @@ def library() -> ctypes.CDLL | None:
         for name in ("edge_int4_openmp", "edge_int4_gemv_supported"):
             getattr(lib, name).restype = ctypes.c_int
             getattr(lib, name).argtypes = []
+        set_act8(lib)
         return lib
     logger.warning("cpu_int4: building %s failed (%s); small batches run on tinygemm and "
                    "multi-row batches dequantize with torch ops (correct, slower)",
                    " and ".join(src.name for src in SOURCES), " | ".join(errors))
     return None
+
+
+def set_act8(lib: ctypes.CDLL, on: bool | None = None) -> bool:
+    """Set whether ``lib`` (the ctypes kernel, or the C++ op's library that holds its own copy
+    of the product) rounds activations to int8: ``on``, else ``VLLM_EDGE_INT4_ACT8``. Returns
+    whether it now does (False where the product was not built with AVX512-VNNI)."""
+    from vllm_edge import envs
+
+    want = envs.get("VLLM_EDGE_INT4_ACT8") if on is None else on
+    lib.edge_int4_set_act8.restype, lib.edge_int4_set_act8.argtypes = None, [ctypes.c_int]
+    lib.edge_int4_set_act8(int(bool(want)))
+    lib.edge_int4_act8.restype, lib.edge_int4_act8.argtypes = ctypes.c_int, []
+    return bool(lib.edge_int4_act8())
 
 
 @functools.cache

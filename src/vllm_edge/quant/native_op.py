@@ -21,6 +21,7 @@ with ``native.gemv`` on a probe) is logged once and leaves the Python op: slower
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import logging
@@ -126,9 +127,13 @@ def note(msg: str, *args) -> None:
         print("vllm-edge: " + msg % args, file=sys.stderr, flush=True)
 
 
-def _probe() -> None:
+def _probe(path: Path) -> None:
     """The loaded kernel must give ``native.gemv``'s bits on a small random weight (any
-    nibbles are a valid packed tensor); raises otherwise."""
+    nibbles are a valid packed tensor), with the int8-activation switch set as the ctypes
+    kernel's; raises otherwise."""
+    lib = native.library()
+    if lib is not None:
+        native.set_act8(ctypes.CDLL(str(path)), bool(lib.edge_int4_act8()))
     gen = torch.Generator().manual_seed(0)
     packed = torch.randint(0, 256, (128, 64), dtype=torch.uint8, generator=gen)
     sz = torch.randn(4, 128, 2, generator=gen).to(torch.bfloat16)
@@ -166,7 +171,7 @@ def load() -> bool:
     cc, cxx = native._compiler(), cxx_compiler()
     path = cached_path(cc, cxx)
     err = build_load_probe("cpu_int4: the native op (quant/csrc/int4_op.cpp)", path,
-                           lambda: build(cc, cxx, path), _probe, "linears keep the Python op")
+                           lambda: build(cc, cxx, path), lambda: _probe(path), "linears keep the Python op")
     _state = f"failed: {err[-300:]}" if err else f"loaded ({path})"
     return err is None
 

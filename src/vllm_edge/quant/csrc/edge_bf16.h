@@ -98,4 +98,51 @@ static inline void edge_store_bf16x16(uint16_t* y, __m512 f) {
 }
 #endif
 
+#if defined(__AVX512BF16__) && defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
+#include <math.h>
+/* The int8-activation products (int4_gemv.c, lowbit_gemv.c) */
+
+/* Two-source byte-permute indices for four k-steps of a block (128 bytes: k-step t at 32 t):
+   lane j holds the bytes of column j (rows j, j+32) at k-steps 0..3, j = 0..15 for lo, 16..31
+   for hi. */
+static inline void edge_act8_indices(__m512i* lo, __m512i* hi) {
+  uint8_t idx[2][64] __attribute__((aligned(64)));
+  for (int h = 0; h < 2; h++)
+    for (int j = 0; j < 16; j++)
+      for (int t = 0; t < 4; t++) idx[h][4 * j + t] = (uint8_t)(32 * t + 16 * h + j);
+  *lo = _mm512_load_si512((const void*)idx[0]);
+  *hi = _mm512_load_si512((const void*)idx[1]);
+}
+
+/* acc += u . the four int8 activations at xq, broadcast as an embedded {1to16} operand
+   (VPDPBUSD: unsigned bytes u against signed bytes xq, four per 32-bit lane) */
+#define EDGE_ACT8_DOT(acc, u, xq) \
+  __asm__("vpdpbusd %1%{1to16%}, %2, %0" : "+v"(acc) : "m"(*(const int32_t*)(xq)), "v"(u))
+
+/* Row m of X rounded to int8 per group of kg: the step d = max|x| / 127 (0 for an all-zero
+   group, whose values are then 0), q = x / d to nearest (ties to even), and the group's sum of
+   q. The tests' references read the same rule. */
+static inline void edge_act8_quantize_row(const uint16_t* x, int64_t k, int64_t kg, int8_t* q, float* d, int32_t* sq) {
+  for (int64_t g = 0; g < k / kg; g++) {
+    const uint16_t* xg = x + g * kg;
+    float amax = 0.0f;
+    for (int64_t j = 0; j < kg; j++) {
+      const float a = fabsf(edge_bf2f(xg[j]));
+      if (a > amax) amax = a;
+    }
+    const float step = amax / 127.0f, inv = step > 0.0f ? 1.0f / step : 0.0f;
+    int32_t sum = 0;
+    for (int64_t j = 0; j < kg; j++) {
+      float r = nearbyintf(edge_bf2f(xg[j]) * inv);
+      r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+      q[g * kg + j] = (int8_t)r;
+      sum += (int32_t)r;
+    }
+    d[g] = step;
+    sq[g] = sum;
+  }
+}
+
+#endif
+
 #endif

@@ -19,6 +19,14 @@
  * the two-FMA group epilogue each shaved time; 6 rows per pass instead of 4, or unpacking
  * each group once into an L1 tile for all row chunks, did not.
  *
+ * With AVX512-VNNI and the switch on (edge_int4_set_act8), each row of X is rounded to int8
+ * per group instead, as llama.cpp rounds the activations it multiplies a 4-bit block by, and
+ * VPDPBUSD multiplies four k-steps of 16 rows per instruction, nibble against int8: two
+ * two-source byte permutes put four k-steps in its order and a mask or a shift and a mask
+ * splits the nibbles, about half the instructions of the bf16 route. Per group, sum_k w x =
+ * s d (sum q xq - 8 sum xq) + z sum x, d the row's step and xq its int8 values. Why: on a CPU
+ * whose last-level cache holds a small model, the bf16 route is bound by instructions.
+ *
  * Without AVX512-BF16 and VBMI edge_int4_gemv_supported() is 0 and the caller keeps tinygemm.
  */
 #include <stdint.h>
@@ -34,8 +42,27 @@
 #define EDGE_GEMV 1
 #endif
 
+#if defined(EDGE_GEMV) && defined(__AVX512VNNI__)
+#define EDGE_INT4_ACT8 1
+#endif
+
 /* rows of X per pass over a block: 4 x 4 fp32 accumulators stay in registers */
 #define GEMV_MAX_M 4
+
+/* int8 activations and VPDPBUSD: set once at load (envs VLLM_EDGE_INT4_ACT8), never while a
+   product runs */
+static int act8_wanted = 0;
+
+void edge_int4_set_act8(int on) { act8_wanted = on != 0; }
+
+/* whether the product takes int8 activations here (wanted, and built with VNNI) */
+int edge_int4_act8(void) {
+#ifdef EDGE_INT4_ACT8
+  return act8_wanted;
+#else
+  return 0;
+#endif
+}
 
 
 int edge_int4_gemv_supported(void) {
@@ -93,6 +120,111 @@ static inline __attribute__((always_inline)) void gemv_block_m(
   for (int m = 0; m < M; m++)
     for (int i = 0; i < 4; i++) edge_store_bf16x16(y + m * n + b * 64 + i * 16, out[m][i]);
 }
+#ifdef EDGE_INT4_ACT8
+/* Block b (64 output rows) for M <= GEMV_MAX_M rows of X rounded to int8: xq their int8
+   values, dx[m * groups + g] the step of group g of row m, sq the groups' sums of xq, sx their
+   exact sums of x. */
+static inline __attribute__((always_inline)) void act8_block_m(
+    const uint8_t* packed, const uint16_t* sz, const int8_t* xq, const float* dx, const int32_t* sq,
+    const float* sx, uint16_t* y, int64_t n, int64_t k, int64_t kg, int64_t b, const int M,
+    const __m512i idx_lo, const __m512i idx_hi) {
+  const __m512i hi16 = _mm512_set1_epi32((int)0xFFFF0000u);
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const int64_t groups = k / kg;
+  const uint8_t* pb = packed + b * k * 32;
+  __m512 out[GEMV_MAX_M][4];
+  for (int m = 0; m < M; m++)
+    for (int i = 0; i < 4; i++) out[m][i] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; g++) {
+    __m512i acc[GEMV_MAX_M][4];
+    for (int m = 0; m < M; m++)
+      for (int i = 0; i < 4; i++) acc[m][i] = _mm512_setzero_si512();
+    for (int64_t kk = g * kg; kk < (g + 1) * kg; kk += 4) {
+      const __m512i v0 = _mm512_loadu_si512((const void*)(pb + kk * 32));
+      const __m512i v1 = _mm512_loadu_si512((const void*)(pb + kk * 32 + 64));
+      const __m512i pa = _mm512_permutex2var_epi8(v0, idx_lo, v1), pc = _mm512_permutex2var_epi8(v0, idx_hi, v1);
+      __m512i u[4];
+      u[0] = _mm512_and_si512(pa, low);                         /* rows 0-15 */
+      u[1] = _mm512_and_si512(pc, low);                         /* rows 16-31 */
+      u[2] = _mm512_and_si512(_mm512_srli_epi16(pa, 4), low);   /* rows 32-47 */
+      u[3] = _mm512_and_si512(_mm512_srli_epi16(pc, 4), low);   /* rows 48-63 */
+      for (int m = 0; m < M; m++) {
+        const int8_t* xm = xq + m * k + kk;
+        EDGE_ACT8_DOT(acc[m][0], u[0], xm);
+        EDGE_ACT8_DOT(acc[m][1], u[1], xm);
+        EDGE_ACT8_DOT(acc[m][2], u[2], xm);
+        EDGE_ACT8_DOT(acc[m][3], u[3], xm);
+      }
+    }
+    const uint16_t* szr = sz + (g * n + b * 64) * 2;
+    for (int i = 0; i < 4; i++) {
+      const __m512i t = _mm512_loadu_si512((const void*)(szr + i * 32));
+      const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(t, 16));
+      const __m512 z = _mm512_castsi512_ps(_mm512_and_si512(t, hi16));
+      for (int m = 0; m < M; m++) {
+        const int64_t mg = m * groups + g;
+        /* exact in int32: |q xq| <= 15 * 127 per product */
+        const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][i], _mm512_set1_epi32(8 * sq[mg])));
+        out[m][i] = _mm512_fmadd_ps(z, _mm512_set1_ps(sx[mg]),
+                                    _mm512_fmadd_ps(_mm512_mul_ps(s, _mm512_set1_ps(dx[mg])), dot, out[m][i]));
+      }
+    }
+  }
+  for (int m = 0; m < M; m++)
+    for (int i = 0; i < 4; i++) edge_store_bf16x16(y + m * n + b * 64 + i * 16, out[m][i]);
+}
+
+#define ACT8_CASE(MM) \
+  act8_block_m(packed, sz, xq + m0 * k, dx + m0 * groups, sq + m0 * groups, sx + m0 * groups, \
+               y + m0 * n, n, k, kg, b, MM, idx_lo, idx_hi)
+
+/* The product through int8 activations; 0, or -1 where it cannot run (no memory) */
+static int act8_gemv(const uint8_t* packed, const uint16_t* sz, const uint16_t* x, uint16_t* y,
+                     int64_t M, int64_t n, int64_t k, int64_t kg, int64_t threads) {
+  const int64_t groups = k / kg, blocks = n / 64;
+  int8_t* xq = (int8_t*)malloc((size_t)(M * k));
+  float* dx = (float*)malloc(sizeof(float) * 2 * M * groups);
+  int32_t* sq = (int32_t*)malloc(sizeof(int32_t) * M * groups);
+  if (!xq || !dx || !sq) {
+    free(xq);
+    free(dx);
+    free(sq);
+    return -1;
+  }
+  float* sx = dx + M * groups;
+  __m512i idx_lo, idx_hi;
+  edge_act8_indices(&idx_lo, &idx_hi);
+#pragma omp parallel num_threads((int)(threads < 1 ? 1 : threads))
+  {
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+      edge_act8_quantize_row(x + m * k, k, kg, xq + m * k, dx + m * groups, sq + m * groups);
+      for (int64_t g = 0; g < groups; g++) sx[m * groups + g] = group_sum(x + m * k + g * kg, kg);
+    }
+#ifdef _OPENMP
+    int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+    int64_t t = 0, nt = 1;
+#endif
+    const int64_t chunks = (M + GEMV_MAX_M - 1) / GEMV_MAX_M, units = blocks * chunks;
+    const int64_t lo = units * t / nt, hi = units * (t + 1) / nt;
+    for (int64_t u = lo; u < hi; u++) {
+      const int64_t b = u / chunks, m0 = (u % chunks) * GEMV_MAX_M;
+      switch (M - m0 < GEMV_MAX_M ? M - m0 : GEMV_MAX_M) {
+        case 1: ACT8_CASE(1); break;
+        case 2: ACT8_CASE(2); break;
+        case 3: ACT8_CASE(3); break;
+        default: ACT8_CASE(4); break;
+      }
+    }
+  }
+  free(xq);
+  free(dx);
+  free(sq);
+  return 0;
+}
+#undef ACT8_CASE
+#endif
 #endif
 
 /* Y (bf16 [M, N], row stride N) = X (bf16 [M, K]) W^T on `threads` OpenMP threads.
@@ -104,6 +236,9 @@ int edge_int4_gemv(const uint8_t* packed, const uint16_t* sz, const uint16_t* x,
                    int64_t M, int64_t n, int64_t k, int64_t kg, int64_t threads) {
 #ifdef EDGE_GEMV
   if (M < 1 || n % 64 || k % 32 || kg % 32 || k % kg) return -1;
+#ifdef EDGE_INT4_ACT8
+  if (act8_wanted && act8_gemv(packed, sz, x, y, M, n, k, kg, threads) == 0) return 0;
+#endif
   const int64_t groups = k / kg, blocks = n / 64;
   float* sx = (float*)malloc(sizeof(float) * M * groups);
   if (!sx) return -1;

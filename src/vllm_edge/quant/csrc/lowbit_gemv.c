@@ -19,6 +19,17 @@
  * power of two). Their sum is (u + 2176) x, so the base is 128 + off + 2048 = 2304.
  * Scales and offsets are group-major, [K/kg][N] fp16, so a group's 16 rows are one load.
  *
+ * 8-bit codes with AVX512-VNNI (edge_lowbit_set_act8): each row of X is rounded to int8 per
+ * weight group, as llama.cpp rounds the activations it multiplies a Q8_0 block by (step
+ * max|x| / 127, nearest), and VPDPBUSD multiplies four k-steps of 16 rows, unsigned codes
+ * against signed activations, per instruction. Two two-source byte permutes put four k-steps
+ * of the nibble layout in VPDPBUSD's order and one ternary-logic blend joins the two nibble
+ * planes into the byte u = code + 128: about half the instructions of the two VDPBF16PS
+ * passes. Per group, sum_k w x = s d (sum u q - 128 sum q) + z sum x, d the row's step and q
+ * its int8 values. Why: a small model's tied Q8_0 head is the largest matrix of a decode step,
+ * and on a CPU whose last-level cache holds the model the two-pass product is bound by
+ * instructions, not memory. A row's result does not depend on the rows beside it.
+ *
  * Without AVX512-BF16, VBMI and BW edge_lowbit_supported() is 0 and the caller keeps the
  * row-major int8 codes (int8_gemv.c). The dequantizer is portable C.
  */
@@ -35,7 +46,26 @@
 #define EDGE_LOWBIT 1
 #endif
 
+#if defined(EDGE_LOWBIT) && defined(__AVX512VNNI__)
+#define EDGE_ACT8 1
+#endif
+
 #define LOWBIT_MAX_M 4
+
+/* 8-bit codes through int8 activations and VPDPBUSD: set once at load (envs
+   VLLM_EDGE_LOWBIT_ACT8), never while a product runs */
+static int act8_wanted = 0;
+
+void edge_lowbit_set_act8(int on) { act8_wanted = on != 0; }
+
+/* whether 8-bit codes take the int8-activation product here (wanted, and built with VNNI) */
+int edge_lowbit_act8(void) {
+#ifdef EDGE_ACT8
+  return act8_wanted;
+#else
+  return 0;
+#endif
+}
 
 int edge_lowbit_supported(void) {
 #ifdef EDGE_LOWBIT
@@ -150,6 +180,119 @@ static inline __attribute__((always_inline)) void lowbit_block_m(
     for (int i = 0; i < 4; i++) edge_store_bf16x16(y + m * n + b * 64 + i * 16, out[m][i]);
 }
 
+#ifdef EDGE_ACT8
+/* Block b (64 output rows) of 8-bit codes for M <= LOWBIT_MAX_M rows of X rounded to int8:
+   xq the rows' int8 values, dx[m * groups + g] the step of group g of row m, sq the groups'
+   sums of xq, sx their exact sums of x (read only where z is set). */
+static inline __attribute__((always_inline)) void act8_block_m(
+    const uint8_t* nib, const uint8_t* hib, const uint16_t* s, const uint16_t* z, const int8_t* xq,
+    const float* dx, const int32_t* sq, const float* sx, uint16_t* y, int64_t n, int64_t k, int64_t kg,
+    int64_t b, const int M, const __m512i idx_lo, const __m512i idx_hi) {
+  const int64_t groups = k / kg;
+  const uint8_t* pn = nib + b * k * 32;
+  const uint8_t* ph = hib + b * k * 32;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512 out[LOWBIT_MAX_M][4];
+  for (int m = 0; m < M; m++)
+    for (int i = 0; i < 4; i++) out[m][i] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; g++) {
+    __m512i acc[LOWBIT_MAX_M][4];
+    for (int m = 0; m < M; m++)
+      for (int i = 0; i < 4; i++) acc[m][i] = _mm512_setzero_si512();
+    for (int64_t kk = g * kg; kk < (g + 1) * kg; kk += 4) {
+      const __m512i n0 = _mm512_loadu_si512((const void*)(pn + kk * 32));
+      const __m512i n1 = _mm512_loadu_si512((const void*)(pn + kk * 32 + 64));
+      const __m512i h0 = _mm512_loadu_si512((const void*)(ph + kk * 32));
+      const __m512i h1 = _mm512_loadu_si512((const void*)(ph + kk * 32 + 64));
+      const __m512i pa = _mm512_permutex2var_epi8(n0, idx_lo, n1), pb = _mm512_permutex2var_epi8(n0, idx_hi, n1);
+      const __m512i qa = _mm512_permutex2var_epi8(h0, idx_lo, h1), qb = _mm512_permutex2var_epi8(h0, idx_hi, h1);
+      /* u = low nibble | high nibble << 4, blended under the 0x0F mask (0xE4: C ? A : B):
+         rows 0-31 hold their nibbles low in pa/pb and qa/qb, rows 32-63 high */
+      __m512i u[4];
+      u[0] = _mm512_ternarylogic_epi32(pa, _mm512_slli_epi16(qa, 4), low, 0xE4);
+      u[1] = _mm512_ternarylogic_epi32(pb, _mm512_slli_epi16(qb, 4), low, 0xE4);
+      u[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(pa, 4), qa, low, 0xE4);
+      u[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(pb, 4), qb, low, 0xE4);
+      for (int m = 0; m < M; m++) {
+        const int8_t* xm = xq + m * k + kk;
+        EDGE_ACT8_DOT(acc[m][0], u[0], xm);
+        EDGE_ACT8_DOT(acc[m][1], u[1], xm);
+        EDGE_ACT8_DOT(acc[m][2], u[2], xm);
+        EDGE_ACT8_DOT(acc[m][3], u[3], xm);
+      }
+    }
+    for (int i = 0; i < 4; i++) {
+      const int64_t at = g * n + b * 64 + i * 16;
+      const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(s + at)));
+      const __m512 zc = z ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(z + at))) : _mm512_setzero_ps();
+      for (int m = 0; m < M; m++) {
+        const int64_t mg = m * groups + g;
+        /* exact in int32: |u q| <= 255 * 127 per product */
+        const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][i], _mm512_set1_epi32(128 * sq[mg])));
+        out[m][i] = _mm512_fmadd_ps(_mm512_mul_ps(sc, _mm512_set1_ps(dx[mg])), dot, out[m][i]);
+        if (z) out[m][i] = _mm512_fmadd_ps(zc, _mm512_set1_ps(sx[mg]), out[m][i]);
+      }
+    }
+  }
+  for (int m = 0; m < M; m++)
+    for (int i = 0; i < 4; i++) edge_store_bf16x16(y + m * n + b * 64 + i * 16, out[m][i]);
+}
+
+#define ACT8_CASE(MM) \
+  act8_block_m(nib, hib, s, z, xq + m0 * k, dx + m0 * groups, sq + m0 * groups, sx + m0 * groups, \
+               y + m0 * n, n, k, kg, b, MM, idx_lo, idx_hi)
+
+/* The 8-bit product through int8 activations (see the top of this file); 0, or -1 where it
+   does not apply (not 8-bit codes, a group not a multiple of 4, no memory) */
+static int act8_gemv(const uint8_t* nib, const uint8_t* hib, const uint16_t* s, const uint16_t* z,
+                     const uint16_t* x, uint16_t* y, int64_t M, int64_t n, int64_t k, int64_t kg,
+                     int64_t threads) {
+  if (kg % 4) return -1;
+  const int64_t groups = k / kg, blocks = n / 64;
+  int8_t* xq = (int8_t*)malloc((size_t)(M * k));
+  float* dx = (float*)malloc(sizeof(float) * 2 * M * groups);
+  int32_t* sq = (int32_t*)malloc(sizeof(int32_t) * M * groups);
+  if (!xq || !dx || !sq) {
+    free(xq);
+    free(dx);
+    free(sq);
+    return -1;
+  }
+  float* sx = dx + M * groups;
+  for (int64_t m = 0; m < M; m++) {
+    edge_act8_quantize_row(x + m * k, k, kg, xq + m * k, dx + m * groups, sq + m * groups);
+    if (z)
+      for (int64_t g = 0; g < groups; g++) sx[m * groups + g] = group_sum(x + m * k + g * kg, kg);
+  }
+  __m512i idx_lo, idx_hi;
+  edge_act8_indices(&idx_lo, &idx_hi);
+#pragma omp parallel num_threads((int)(threads < 1 ? 1 : threads))
+  {
+#ifdef _OPENMP
+    int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+    int64_t t = 0, nt = 1;
+#endif
+    const int64_t chunks = (M + LOWBIT_MAX_M - 1) / LOWBIT_MAX_M, units = blocks * chunks;
+    const int64_t lo = units * t / nt, hi = units * (t + 1) / nt;
+    for (int64_t u = lo; u < hi; u++) {
+      const int64_t b = u / chunks, m0 = (u % chunks) * LOWBIT_MAX_M;
+      switch (M - m0 < LOWBIT_MAX_M ? M - m0 : LOWBIT_MAX_M) {
+        case 1: ACT8_CASE(1); break;
+        case 2: ACT8_CASE(2); break;
+        case 3: ACT8_CASE(3); break;
+        default: ACT8_CASE(4); break;
+      }
+    }
+  }
+  free(xq);
+  free(dx);
+  free(sq);
+  return 0;
+}
+#undef ACT8_CASE
+#endif
+
 /* Block b of the weight transposed, as bf16 rows of W^T [K][N]: each k-pair's four vectors of
    (128 + u) words split into their k and k+1 halves, scaled in fp32, rounded once, and stored
    as 16 contiguous bf16 per row quarter. */
@@ -207,6 +350,9 @@ int edge_lowbit_gemv(const uint8_t* nib, const uint8_t* hib, const uint16_t* s, 
                      int64_t planes, int64_t off, int64_t threads) {
 #ifdef EDGE_LOWBIT
   if (!shape_ok(M, n, k, kg, planes, off)) return -1;
+#ifdef EDGE_ACT8
+  if (planes == 4 && act8_wanted && act8_gemv(nib, hib, s, z, x, y, M, n, k, kg, threads) == 0) return 0;
+#endif
   const int64_t groups = k / kg, blocks = n / 64;
   const float base = lowbit_base(planes, off);
   float* sx = (float*)malloc(sizeof(float) * M * groups);

@@ -277,7 +277,11 @@ _declare(
     "llama.cpp does for a 4-bit block, and multiply with AVX512-VNNI's VPDPBUSD "
     "(quant/csrc/int4_gemv.c); 0 keeps the AVX512-BF16 product on the bf16 activations. Read "
     "when the kernel first loads.",
-    "Evidence pending.",
+    "On: bench step on the default build with both ACT8 switches on and off, Intel Xeon AMX "
+    "host (benchmarks/results/step/intel-xeon-processor-amx-bf16-2-cores/); same-file fidelity "
+    "against llama.cpp on the embedded GGUF, both positions "
+    "(benchmarks/results/fidelity_vs_llamacpp_default_act8-*). Where the CPU lacks AVX512-VNNI it "
+    "has no effect. docs/design/cpu-int4.md says where it is not measured.",
 )
 _declare(
     "VLLM_EDGE_LOWBIT_ACT8", "bool", True,
@@ -285,7 +289,8 @@ _declare(
     "activation row to int8 per weight group, as llama.cpp does for a Q8_0 block, and multiply "
     "with AVX512-VNNI's VPDPBUSD (quant/csrc/lowbit_gemv.c); 0 keeps the two-pass AVX512-BF16 "
     "product on the bf16 activations. Read when the kernel first loads.",
-    "Evidence pending.",
+    "On: measured with VLLM_EDGE_INT4_ACT8, which names the artifacts; on the default build it "
+    "moves the tied Q8_0 head. Where the CPU lacks AVX512-VNNI it has no effect.",
 )
 _declare(
     "VLLM_EDGE_INT4_GEMV", "bool", True,

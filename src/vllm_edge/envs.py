@@ -276,7 +276,9 @@ _declare(
     "cpu_int4's native product: round each activation row to int8 per weight group, as "
     "llama.cpp does for a 4-bit block, and multiply with AVX512-VNNI's VPDPBUSD "
     "(quant/csrc/int4_gemv.c); 0 keeps the AVX512-BF16 product on the bf16 activations. Read "
-    "when the kernel first loads.",
+    "when the kernel first loads. The edge engines set it and VLLM_EDGE_LOWBIT_ACT8 from the "
+    "priority (runtime/activations.py: 1 at speed on an AVX512-VNNI CPU, 0 at fidelity) unless "
+    "one is set in the environment.",
     "On: bench step on the default build with both ACT8 switches on and off, Intel Xeon AMX "
     "host (benchmarks/results/step/intel-xeon-processor-amx-bf16-2-cores/); same-file fidelity "
     "against llama.cpp on the embedded GGUF, both positions "

@@ -28,9 +28,15 @@ def test_one_process_env_carries_the_thread_choice(default_model_dir, monkeypatc
     monkeypatch.setenv("VLLM_EDGE_THREADS", "1")
     # an engine an earlier test started in this process may have left its value behind
     monkeypatch.delenv("VLLM_CPU_ATTN_SPLIT_KV", raising=False)
+    from vllm_edge.common.hw import probe_cpu
+    from vllm_edge.runtime import activations
+
+    for name in activations.SWITCHES:
+        monkeypatch.delenv(name, raising=False)
+    act8 = "1" if probe_cpu().isa.get("avx512_vnni") else "0"
     edge = engine.edge_engine(default_model_dir, enforce_eager=True)
     assert edge.env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1",
-                        "VLLM_CPU_ATTN_SPLIT_KV": "0"}
+                        "VLLM_CPU_ATTN_SPLIT_KV": "0", **{name: act8 for name in activations.SWITCHES}}
     multi = engine.edge_engine(default_model_dir, one_process=False)
     assert "OMP_NUM_THREADS" not in multi.env
 

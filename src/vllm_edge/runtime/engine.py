@@ -49,7 +49,7 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
                 max_num_batched_tokens: int | None = None,
                 worker_extension: str = WORKER_EXTENSION, tensor_parallel_size: int = 1,
                 pipeline_parallel_size: int = 1, nnodes: int = 1,
-                speculative: str = "off") -> EdgeEngine:
+                speculative: str = "off", priority: str = "speed") -> EdgeEngine:
     """``server``: the arguments are for vLLM's API server (`serve`), whose AsyncLLM always
     runs the engine core in a process of its own; ``one_process`` then keeps the worker
     inside that engine-core process. ``worker_extension`` is the class vLLM mixes into the
@@ -58,7 +58,9 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
     dummy forward vLLM runs at start (vLLM's CPU default for ``LLM`` is 4096).
     ``tensor_parallel_size``/``pipeline_parallel_size``: ranks in vLLM's multiprocess
     executor, ``nnodes`` machines sharing them (see :func:`parallel_layout`). ``speculative``:
-    a method of :mod:`vllm_edge.runtime.speculative` (``off`` or ``ngram``)."""
+    a method of :mod:`vllm_edge.runtime.speculative` (``off`` or ``ngram``). ``priority``:
+    ``speed`` or ``fidelity``, which decides the products' activations
+    (:mod:`vllm_edge.runtime.activations`)."""
     model_path = Path(model_path)
     from vllm_edge.common import model_config
 
@@ -115,16 +117,17 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
 
     from vllm_edge.kernels import rms_norm
 
-    priority = rms_norm.engine_priority()
-    if priority:
-        kwargs["ir_op_priority"] = priority
+    op_priority = rms_norm.engine_priority()
+    if op_priority:
+        kwargs["ir_op_priority"] = op_priority
         reasons["ir_op_priority"] = (
             f"{rms_norm.ENV_SWITCH}=1: vLLM's _C norm kernels on CPU ({rms_norm.PROVIDER}), "
             "native where the arguments do not fit (or where the build lacks the kernels)")
 
     from vllm_edge.common.hw import probe_cpu
 
-    cores = probe_cpu().allowed_cpus
+    cpu = probe_cpu()
+    cores = cpu.allowed_cpus
     env: dict[str, str] = {}
     if world > 1:
         parallel_layout(kwargs, reasons, env, cores, tensor_parallel_size, pipeline_parallel_size,
@@ -149,6 +152,9 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
 
     attention_split.apply(env, reasons, kv_heads_per_rank(config, tensor_parallel_size),
                           attention_threads(env, cores, world // max(nnodes, 1)))
+    from vllm_edge.runtime import activations
+
+    activations.apply(env, reasons, priority, bool(cpu.isa.get("avx512_vnni")))
     if not enforce_eager:
         from vllm_edge.runtime import cpp_wrapper
 

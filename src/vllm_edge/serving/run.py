@@ -106,7 +106,7 @@ def run(model: str = "default", prompt: str = DEFAULT_PROMPT, system: str | None
                            max_num_batched_tokens=RUN_BATCH_TOKENS,
                            tensor_parallel_size=tensor_parallel_size,
                            pipeline_parallel_size=pipeline_parallel_size,
-                           speculative=speculative)
+                           speculative=speculative, priority=priority)
         edge.reasons["max_num_seqs"] = ("1: `run` answers one conversation, so the KV cache is "
                                         "priced for one sequence at full length")
         template = None

@@ -236,7 +236,7 @@ def plan(model: str = "default", *, host: str = "127.0.0.1", port: int = 8000,
                        enforce_eager=enforce_eager, one_process=not multiprocess,
                        server=not core_in_process, max_num_batched_tokens=max_num_batched_tokens,
                        tensor_parallel_size=par.tensor, pipeline_parallel_size=par.pipeline,
-                       nnodes=par.nnodes, speculative=speculative)
+                       nnodes=par.nnodes, speculative=speculative, priority=priority)
     names = served_model_name or ([key, "default"] if key else [model])
     parser, template, tools_why = choose_tools(key, Path(path), tool_call_parser, chat_template)
 

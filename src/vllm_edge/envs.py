@@ -273,7 +273,7 @@ _declare(
 )
 _declare(
     "VLLM_EDGE_INT4_ACT8", "bool", True,
-    "cpu_int4's native product: round each activation row to int8 per weight group, as "
+    "The native product of cpu_int4: round each activation row to int8 per weight group, as "
     "llama.cpp does for a 4-bit block, and multiply with AVX512-VNNI's VPDPBUSD "
     "(quant/csrc/int4_gemv.c); 0 keeps the AVX512-BF16 product on the bf16 activations. Read "
     "when the kernel first loads. The edge engines set it and VLLM_EDGE_LOWBIT_ACT8 from the "
@@ -287,7 +287,7 @@ _declare(
 )
 _declare(
     "VLLM_EDGE_LOWBIT_ACT8", "bool", True,
-    "cpu_int8's packed product for 8-bit codes (a GGUF's Q8_0 layers and heads): round each "
+    "The packed product of cpu_int8 for 8-bit codes (a GGUF's Q8_0 layers and heads): round each "
     "activation row to int8 per weight group, as llama.cpp does for a Q8_0 block, and multiply "
     "with AVX512-VNNI's VPDPBUSD (quant/csrc/lowbit_gemv.c); 0 keeps the two-pass AVX512-BF16 "
     "product on the bf16 activations. Read when the kernel first loads.",

@@ -279,8 +279,10 @@ _declare(
     "when the kernel first loads. The edge engines set it and VLLM_EDGE_LOWBIT_ACT8 from the "
     "priority (runtime/activations.py: 1 at speed on an AVX512-VNNI CPU, 0 at fidelity) unless "
     "one is set in the environment.",
-    "On: bench step on the default build with both ACT8 switches on and off, Intel Xeon AMX "
-    "host (benchmarks/results/step/intel-xeon-processor-amx-bf16-2-cores/); same-file fidelity "
+    "On: bench speed on the default build and the Gemma 3 file, both ACT8 switches on and off "
+    "(benchmarks/results/grid/act8/intel-xeon-processor-amx-bf16-2-cores/), and bench step on "
+    "the default build (benchmarks/results/step/intel-xeon-processor-amx-bf16-2-cores/), Intel "
+    "Xeon AMX host; same-file fidelity "
     "against llama.cpp on the embedded GGUF, both positions "
     "(benchmarks/results/fidelity_vs_llamacpp_default_act8-*). Where the CPU lacks AVX512-VNNI it "
     "has no effect. docs/design/cpu-int4.md says where it is not measured.",

@@ -152,7 +152,7 @@ def library() -> ctypes.CDLL | None:
     for name in ("edge_lowbit_dequant", "edge_lowbit_dequant_t"):
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, [p] * 5 + [i] * 6
     lib.edge_lowbit_gather.restype, lib.edge_lowbit_gather.argtypes = ctypes.c_int, [p] * 6 + [i] * 6
-    for name in ("edge_lowbit_supported", "edge_lowbit_openmp", "edge_lowbit_act8"):
+    for name in ("edge_lowbit_supported", "edge_lowbit_openmp"):
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, []
     set_act8(lib)
     return lib
@@ -164,11 +164,7 @@ def set_act8(lib: ctypes.CDLL, on: bool | None = None) -> bool:
     whether it now does (False where it was not built with AVX512-VNNI)."""
     from vllm_edge import envs
 
-    want = envs.get("VLLM_EDGE_LOWBIT_ACT8") if on is None else on
-    lib.edge_lowbit_set_act8.restype, lib.edge_lowbit_set_act8.argtypes = None, [ctypes.c_int]
-    lib.edge_lowbit_set_act8(int(bool(want)))
-    lib.edge_lowbit_act8.restype, lib.edge_lowbit_act8.argtypes = ctypes.c_int, []
-    return bool(lib.edge_lowbit_act8())
+    return native.act8_switch(lib, "edge_lowbit", envs.get("VLLM_EDGE_LOWBIT_ACT8") if on is None else on)
 
 
 @functools.cache

@@ -176,11 +176,17 @@ def set_act8(lib: ctypes.CDLL, on: bool | None = None) -> bool:
     whether it now does (False where the product was not built with AVX512-VNNI)."""
     from vllm_edge import envs
 
-    want = envs.get("VLLM_EDGE_INT4_ACT8") if on is None else on
-    lib.edge_int4_set_act8.restype, lib.edge_int4_set_act8.argtypes = None, [ctypes.c_int]
-    lib.edge_int4_set_act8(int(bool(want)))
-    lib.edge_int4_act8.restype, lib.edge_int4_act8.argtypes = ctypes.c_int, []
-    return bool(lib.edge_int4_act8())
+    return act8_switch(lib, "edge_int4", envs.get("VLLM_EDGE_INT4_ACT8") if on is None else on)
+
+
+def act8_switch(lib: ctypes.CDLL, prefix: str, want: bool) -> bool:
+    """Set a kernel library's int8-activation switch (``<prefix>_set_act8``) and read back
+    whether its product now takes int8 activations (``<prefix>_act8``)."""
+    setter, getter = getattr(lib, f"{prefix}_set_act8"), getattr(lib, f"{prefix}_act8")
+    setter.restype, setter.argtypes = None, [ctypes.c_int]
+    getter.restype, getter.argtypes = ctypes.c_int, []
+    setter(int(bool(want)))
+    return bool(getter())
 
 
 @functools.cache

@@ -22,11 +22,11 @@ KEY = SWITCHES[0]
 def apply(env: dict[str, str], reasons: dict[str, str], priority: str, vnni: bool) -> None:
     """Decide the two switches for an engine at ``priority`` on a CPU with (``vnni``) or
     without AVX512-VNNI: into ``env`` and ``reasons``, in place."""
-    import os
+    from vllm_edge import envs
 
-    given = {name: os.environ[name] for name in SWITCHES if name in os.environ}
+    given = [name for name in SWITCHES if envs.is_set(name)]
     if given:
-        reasons[KEY] = ", ".join(f"{k}={v}" for k, v in given.items()) + " given in the environment"
+        reasons[KEY] = ", ".join(f"{k}={int(envs.get(k))}" for k in given) + " given in the environment"
         return
     on = vnni and priority != "fidelity"
     for name in SWITCHES:

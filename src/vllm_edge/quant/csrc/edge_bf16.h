@@ -100,6 +100,7 @@ static inline void edge_store_bf16x16(uint16_t* y, __m512 f) {
 
 #if defined(__AVX512BF16__) && defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
 #include <math.h>
+#include <stdlib.h>
 /* The int8-activation products (int4_gemv.c, lowbit_gemv.c) */
 
 /* Two-source byte-permute indices for four k-steps of a block (128 bytes: k-step t at 32 t):
@@ -118,6 +119,26 @@ static inline void edge_act8_indices(__m512i* lo, __m512i* hi) {
    (VPDPBUSD: unsigned bytes u against signed bytes xq, four per 32-bit lane) */
 #define EDGE_ACT8_DOT(acc, u, xq) \
   __asm__("vpdpbusd %1%{1to16%}, %2, %0" : "+v"(acc) : "m"(*(const int32_t*)(xq)), "v"(u))
+
+/* The int8 form of M activation rows, in one allocation (free(d) releases it): q their int8
+   values [M][k]; per group [M][groups], d the steps, sq the sums of q (both from
+   edge_act8_quantize_row) and sx the exact sums of x (filled by a kernel that reads them). */
+typedef struct {
+  float* d;
+  float* sx;
+  int32_t* sq;
+  int8_t* q;
+} edge_act8_rows;
+
+static inline int edge_act8_alloc(edge_act8_rows* r, int64_t M, int64_t k, int64_t groups) {
+  float* base = (float*)malloc(sizeof(float) * 2 * M * groups + sizeof(int32_t) * M * groups + (size_t)(M * k));
+  if (!base) return -1;
+  r->d = base;
+  r->sx = base + M * groups;
+  r->sq = (int32_t*)(base + 2 * M * groups);
+  r->q = (int8_t*)(r->sq + M * groups);
+  return 0;
+}
 
 /* Row m of X rounded to int8 per group of kg: the step d = max|x| / 127 (0 for an all-zero
    group, whose values are then 0), q = x / d to nearest (ties to even), and the group's sum of

@@ -175,31 +175,23 @@ static inline __attribute__((always_inline)) void act8_block_m(
 }
 
 #define ACT8_CASE(MM) \
-  act8_block_m(packed, sz, xq + m0 * k, dx + m0 * groups, sq + m0 * groups, sx + m0 * groups, \
+  act8_block_m(packed, sz, r.q + m0 * k, r.d + m0 * groups, r.sq + m0 * groups, r.sx + m0 * groups, \
                y + m0 * n, n, k, kg, b, MM, idx_lo, idx_hi)
 
 /* The product through int8 activations; 0, or -1 where it cannot run (no memory) */
 static int act8_gemv(const uint8_t* packed, const uint16_t* sz, const uint16_t* x, uint16_t* y,
                      int64_t M, int64_t n, int64_t k, int64_t kg, int64_t threads) {
   const int64_t groups = k / kg, blocks = n / 64;
-  int8_t* xq = (int8_t*)malloc((size_t)(M * k));
-  float* dx = (float*)malloc(sizeof(float) * 2 * M * groups);
-  int32_t* sq = (int32_t*)malloc(sizeof(int32_t) * M * groups);
-  if (!xq || !dx || !sq) {
-    free(xq);
-    free(dx);
-    free(sq);
-    return -1;
-  }
-  float* sx = dx + M * groups;
+  edge_act8_rows r;
+  if (edge_act8_alloc(&r, M, k, groups)) return -1;
   __m512i idx_lo, idx_hi;
   edge_act8_indices(&idx_lo, &idx_hi);
 #pragma omp parallel num_threads((int)(threads < 1 ? 1 : threads))
   {
 #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; m++) {
-      edge_act8_quantize_row(x + m * k, k, kg, xq + m * k, dx + m * groups, sq + m * groups);
-      for (int64_t g = 0; g < groups; g++) sx[m * groups + g] = group_sum(x + m * k + g * kg, kg);
+      edge_act8_quantize_row(x + m * k, k, kg, r.q + m * k, r.d + m * groups, r.sq + m * groups);
+      for (int64_t g = 0; g < groups; g++) r.sx[m * groups + g] = group_sum(x + m * k + g * kg, kg);
     }
 #ifdef _OPENMP
     int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -218,9 +210,7 @@ static int act8_gemv(const uint8_t* packed, const uint16_t* sz, const uint16_t* 
       }
     }
   }
-  free(xq);
-  free(dx);
-  free(sq);
+  free(r.d);
   return 0;
 }
 #undef ACT8_CASE

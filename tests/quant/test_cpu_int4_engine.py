@@ -64,3 +64,41 @@ def test_paris(smollm2_runs):
     ref, cand = smollm2_runs[:2]
     assert "Paris" in ref[0][1]  # the bf16 build answers it
     assert "Paris" in cand[0][1], cand[0][1]
+
+
+_ACT8_PROBE = """
+import json, sys
+from vllm import LLM, SamplingParams
+llm = LLM(model=sys.argv[1], enforce_eager=True, max_model_len=256, kv_cache_memory_bytes=64 << 20,
+          dtype="bfloat16", seed=0)
+out = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=4, logprobs=0),
+                   use_tqdm=False)[0].outputs[0]
+from vllm_edge.quant import lowbit, native
+print(json.dumps({"logprobs": [step[t].logprob for t, step in zip(out.token_ids, out.logprobs)],
+                  "int4": native.library().edge_int4_act8(), "lowbit": lowbit.library().edge_lowbit_act8()}))
+"""
+
+
+def test_the_act8_switches_reach_the_engines_products(default_int4_dir):
+    """Each switch is read when its kernel loads in the engine's process: with both on (a VNNI
+    CPU) the engine's kernels take int8 activations and its log-probabilities move; off, they
+    keep bf16. One engine per process, as run and serve start them."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from vllm_edge.common.hw import probe_cpu
+
+    if not probe_cpu().isa.get("avx512_vnni"):
+        pytest.skip("no AVX512-VNNI here: the switches have no effect")
+    runs = {}
+    for on in ("1", "0"):
+        env = {**os.environ, "VLLM_EDGE_INT4_ACT8": on, "VLLM_EDGE_LOWBIT_ACT8": on,
+               "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        proc = subprocess.run([sys.executable, "-c", _ACT8_PROBE, str(default_int4_dir)], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs[on] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (runs["1"]["int4"], runs["0"]["int4"]) == (1, 0)
+    assert runs["1"]["logprobs"] != runs["0"]["logprobs"]

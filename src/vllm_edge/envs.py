@@ -289,12 +289,14 @@ _declare(
 )
 _declare(
     "VLLM_EDGE_LOWBIT_ACT8", "bool", True,
-    "The packed product of cpu_int8 for 8-bit codes (a GGUF's Q8_0 layers and heads): round each "
-    "activation row to int8 per weight group, as llama.cpp does for a Q8_0 block, and multiply "
-    "with AVX512-VNNI's VPDPBUSD (quant/csrc/lowbit_gemv.c); 0 keeps the two-pass AVX512-BF16 "
-    "product on the bf16 activations. Read when the kernel first loads.",
+    "The packed product of cpu_int8 (a GGUF's 5-, 6- and 8-bit codes: Q5_0, Q5_1, Q5_K, Q6_K "
+    "and Q8_0 layers and heads): round each activation row to int8 per weight group, as "
+    "llama.cpp does for those blocks, and multiply with AVX512-VNNI's VPDPBUSD "
+    "(quant/csrc/lowbit_gemv.c); 0 keeps the AVX512-BF16 products on the bf16 activations. "
+    "Read when the kernel first loads.",
     "On: measured with VLLM_EDGE_INT4_ACT8, which names the artifacts; on the default build it "
-    "moves the tied Q8_0 head. Where the CPU lacks AVX512-VNNI it has no effect.",
+    "moves the tied Q8_0 head, on the Gemma 3 file every layer but its Q4_K ones. Where the CPU "
+    "lacks AVX512-VNNI it has no effect.",
 )
 _declare(
     "VLLM_EDGE_INT4_GEMV", "bool", True,

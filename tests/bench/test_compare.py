@@ -91,6 +91,7 @@ def _as_host(out: Path, dest: Path, model: str) -> Path:
     summary = dest / "speed" / "summary.json"
     data = json.loads(summary.read_text())
     data["provenance"]["cpu"]["model"] = model
+    data["provenance"]["cpu"].pop("family", None)  # this machine's numbers are not that CPU's
     summary.write_text(json.dumps(data))
     return dest
 

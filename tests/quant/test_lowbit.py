@@ -29,8 +29,7 @@ def reference(x, q, s, z, group):
 
 
 def act8_reference(x, q, s, z, group):
-    """The int8-activation product of 8-bit codes: each row of x rounded per group as the
-    kernel's rule says (step max|x| / 127 in fp32, nearest, ties to even), exact integer dots."""
+    """The int8-activation product: each row of x rounded per group as the kernel's rule says (step max|x| / 127 in fp32, nearest, ties to even), exact integer dots."""
     xf = x.float().view(x.shape[0], -1, group)
     step = xf.abs().amax(-1, keepdim=True) / 127.0
     inv = torch.where(step > 0, 1.0 / step, torch.zeros_like(step))
@@ -48,8 +47,8 @@ def act8_on():
 
 
 def want(x, q, s, z, group, planes):
-    """What the product should give: 8-bit codes take int8 activations where the kernel does."""
-    return act8_reference(x, q, s, z, group) if planes == 4 and act8_on() else reference(x, q, s, z, group)
+    """What the product should give: int8 activations where the kernel takes them."""
+    return act8_reference(x, q, s, z, group) if act8_on() else reference(x, q, s, z, group)
 
 
 def close(y, ref, k):
@@ -107,25 +106,29 @@ def test_the_product_equals_the_dequantized_matmul(m, planes, group, offsets):
 
 @needs_kernel
 @pytest.mark.parametrize("m", [1, 3, 7])
-def test_eight_bit_codes_take_int8_activations_only_where_switched_on(m):
+@pytest.mark.parametrize("planes,group", [(1, 32), (2, 16), (4, 32)])
+def test_every_width_takes_int8_activations_only_where_switched_on(m, planes, group):
     """Each switch position gives its own formulation: the bf16 product the exact values, the
     int8-activation one (where built with AVX512-VNNI) the rounded activations' values, which
     the exact reference does not meet; and a row's result does not depend on the rows beside it."""
-    n, k, group = 128, 192, 32
-    q, s, z = codes(n, k, group, 4, offsets=True)
+    n, k = 128, 192
+    q, s, z = codes(n, k, group, planes, offsets=True)
     p = lowbit.pack(q, s, z, group)
+    assert p.planes == planes
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     lib = lowbit.library()
     try:
         assert not lowbit.set_act8(lib, False)
-        assert close(lowbit.gemv(x, p.nibbles, p.high, p.scale, p.zero, group, 4), reference(x, q, s, z, group), k)
+        assert close(lowbit.gemv(x, p.nibbles, p.high, p.scale, p.zero, group, planes),
+                     reference(x, q, s, z, group), k)
         if not lowbit.set_act8(lib, True):
-            pytest.skip("no AVX512-VNNI build here: 8-bit codes keep the bf16 product")
-        y = lowbit.gemv(x, p.nibbles, p.high, p.scale, p.zero, group, 4)
+            pytest.skip("no AVX512-VNNI build here: the packed codes keep the bf16 product")
+        y = lowbit.gemv(x, p.nibbles, p.high, p.scale, p.zero, group, planes)
         assert close(y, act8_reference(x, q, s, z, group), k)
         assert not close(y, reference(x, q, s, z, group), k)
         for r in range(m):
-            assert torch.equal(lowbit.gemv(x[r:r + 1], p.nibbles, p.high, p.scale, p.zero, group, 4), y[r:r + 1])
+            assert torch.equal(lowbit.gemv(x[r:r + 1], p.nibbles, p.high, p.scale, p.zero, group, planes),
+                               y[r:r + 1])
     finally:
         lowbit.set_act8(lib)
 
@@ -151,12 +154,16 @@ def test_a_wrong_high_bit_plane_is_caught():
     q, s, z = codes(64, 64, 32, 1)
     p = lowbit.pack(q, s, z, 32)
     high = p.high.clone()
-    high[0, 3, 0, 1] ^= 1 << 6  # row 16 + 3, column 6 of block 0
+    high[0, 1, 0, 1, 0] ^= 1 << 14  # row 16 + 3, column 4 + 2 of block 0 (bit 4 * 3 + 2)
     x = torch.randn(1, 64).to(torch.bfloat16)
-    ref = reference(x, q, s, z, 32)
+    ref = want(x, q, s, z, 32, 1)
     assert close(lowbit.gemv(x, p.nibbles, p.high, p.scale, p.zero, 32, 1), ref, 64)
     assert not close(lowbit.gemv(x, p.nibbles, high, p.scale, p.zero, 32, 1), ref, 64)
-    assert not torch.equal(lowbit.unpack_codes(p.nibbles, high, 1), q)
+    moved = (lowbit.unpack_codes(p.nibbles, high, 1) != q).nonzero().tolist()
+    assert moved == [[19, 6]]
+    # the C dequantizer reads the same bit
+    assert (lowbit.dequantize_bf16(p.nibbles, high, p.scale, p.zero, 32, 1) !=
+            lowbit.dequantize_bf16(p.nibbles, p.high, p.scale, p.zero, 32, 1)).nonzero().tolist() == [[19, 6]]
 
 
 @needs_kernel
@@ -199,7 +206,7 @@ def test_the_op_routes_by_rows_and_agrees(rows):
     bias = torch.randn(128).to(torch.bfloat16)
     out = int8_ops.lowbit_impl(x, p.nibbles, p.high, p.scale, p.zero, 32, 2)
     if rows <= int8_ops.GEMV_ROWS:
-        ref = reference(x, q, s, z, 32)
+        ref = want(x, q, s, z, 32, 2)
     else:  # W^T rounded to bf16, then a bf16 GEMM
         ref = x.double() @ int8.dequantize(q, s, z, 32, torch.bfloat16).double().T
     assert close(out, ref, 128)

@@ -78,3 +78,27 @@ def test_missing_sysfs_is_empty(tmp_path):
     _write(tmp_path, *SNAPSHOTS["zen4"])
     cpu = probe_cpu(tmp_path, arch="x86_64")
     assert cpu.cache_kib == {} and cpu.numa_nodes == 0
+
+
+def test_a_bare_model_name_gets_its_family_so_two_generations_stay_two_hosts(tmp_path):
+    """A virtual machine shows "AMD EPYC" for Zen 4 and Zen 5 alike; the artifacts of one must
+    not land in the other's folder or table."""
+    from vllm_edge.common import provenance
+
+    hosts = []
+    for name, family in (("zen4", "25"), ("zen5", "26")):
+        root = tmp_path / name
+        _write(root, "x86_64", "AMD EPYC", "fpu avx avx2 avx512f avx512_bf16 avx512_vnni", n=2)
+        text = (root / "proc" / "cpuinfo").read_text()
+        (root / "proc" / "cpuinfo").write_text(text.replace("model name", f"cpu family\t: {family}\nmodel\t\t: 2\nmodel name"))
+        cpu = probe_cpu(root, arch="x86_64")
+        assert cpu.family == f"{family}/2" and cpu.model_name == "AMD EPYC"
+        hosts.append(provenance.host({"cpu": {"model": cpu.model_name, "isa": cpu.isa, "family": cpu.family},
+                                      "core_set": [0, 1]}))
+    assert hosts == ["AMD EPYC (family 25/2), AVX512-BF16, 2 cores", "AMD EPYC (family 26/2), AVX512-BF16, 2 cores"]
+    # a named model is named enough, and a provenance written before the field keeps its label
+    assert provenance.host({"cpu": {"model": "Intel(R) Xeon(R) Platinum 8480+", "family": "6/143",
+                                    "isa": {"amx_bf16": True}}, "core_set": [0, 1]}) == \
+        "Intel Xeon Platinum 8480+, AMX-BF16, 2 cores"
+    assert provenance.host({"cpu": {"model": "AMD EPYC", "isa": {"avx512_bf16": True}}, "core_set": [0, 1]}) == \
+        "AMD EPYC, AVX512-BF16, 2 cores"

@@ -33,6 +33,9 @@ class CpuInfo:
     arch: str
     model_name: str
     isa: dict[str, bool] = field(default_factory=dict)
+    # x86 "cpu family/model" from /proc/cpuinfo ("26/2"), "" where absent: a virtual machine
+    # may show a bare "AMD EPYC" for CPU generations that differ in speed
+    family: str = ""
     logical_cpus: int = 0
     allowed_cpus: list[int] = field(default_factory=list)
     # cache level name ("L1d", "L2", "L3") -> KiB, as cpu0 sees it; empty when sysfs is absent
@@ -44,8 +47,8 @@ class CpuInfo:
         return asdict(self)
 
 
-def _parse_cpuinfo(text: str) -> tuple[str, set[str], int]:
-    model, flags, n = "", set(), 0
+def _parse_cpuinfo(text: str) -> tuple[str, set[str], int, str]:
+    model, flags, n, family, number = "", set(), 0, "", ""
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip().lower()
@@ -55,7 +58,11 @@ def _parse_cpuinfo(text: str) -> tuple[str, set[str], int]:
             model = value.strip()
         elif key in ("flags", "features") and not flags:
             flags = set(value.split())
-    return model, flags, n
+        elif key == "cpu family" and not family:
+            family = value.strip()
+        elif key == "model" and not number:
+            number = value.strip()
+    return model, flags, n, f"{family}/{number}" if family and number else ""
 
 
 def probe_cpu(root: str | os.PathLike = "/", arch: str | None = None) -> CpuInfo:
@@ -66,14 +73,14 @@ def probe_cpu(root: str | os.PathLike = "/", arch: str | None = None) -> CpuInfo
         text = cpuinfo.read_text()
     except OSError:
         text = ""
-    model, flags, n = _parse_cpuinfo(text)
+    model, flags, n, family = _parse_cpuinfo(text)
     table = ARM_FLAGS if arch in ("aarch64", "arm64") else X86_FLAGS
     isa = {name: flag in flags for name, flag in table.items()}
     if Path(root).resolve() == Path("/"):
         allowed = sorted(os.sched_getaffinity(0))
     else:
         allowed = list(range(n))
-    return CpuInfo(arch=arch, model_name=model or "unknown", isa=isa, logical_cpus=n,
+    return CpuInfo(arch=arch, model_name=model or "unknown", isa=isa, family=family, logical_cpus=n,
                    allowed_cpus=allowed, cache_kib=_caches(root), numa_nodes=_numa_nodes(root))
 
 

@@ -135,7 +135,7 @@ def collect(model: str | os.PathLike | None = None, threads: int | None = None, 
     prov = {
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "host": socket.gethostname(),
-        "cpu": {"model": cpu.model_name, "arch": cpu.arch, "isa": cpu.isa},
+        "cpu": {"model": cpu.model_name, "arch": cpu.arch, "isa": cpu.isa, "family": cpu.family},
         "core_set": cpu.allowed_cpus,
         "threads": threads,
         "loadavg": list(os.getloadavg()),
@@ -181,13 +181,18 @@ def cores(prov: dict | None) -> list[int]:
 
 def host(prov: dict | None) -> str | None:
     """The machine a provenance names, as the docs show it: CPU model, its widest ISA and how
-    many cores the run had; None when the CPU was not recorded."""
+    many cores the run had; None when the CPU was not recorded. A model name without a number
+    (a virtual machine's bare "AMD EPYC") gets the CPU family and model numbers where they were
+    recorded, so two generations behind one name stay two hosts."""
     prov = prov or {}
     cpu = prov.get("cpu") or {}
     model = cpu.get("model")
     if not model:
         return None
-    parts = [re.sub(r"\((?:R|TM)\)", "", str(model)).replace("  ", " ").strip()]
+    name = re.sub(r"\((?:R|TM)\)", "", str(model)).replace("  ", " ").strip()
+    if cpu.get("family") and not re.search(r"\d", name):
+        name += f" (family {cpu['family']})"
+    parts = [name]
     isa = cpu.get("isa") or {}
     parts += [label for flag, label in ISA_TIERS if isa.get(flag)][:1]
     n = len(cores(prov))

@@ -14,9 +14,11 @@ widening each byte, and the C++ op's call path instead of the Python one. An emb
 packed too, and its rows are looked up from the packed table (:func:`gather`), so a head tied
 to it runs the packed product without a second copy of the table.
 
-On a CPU with AVX512-VNNI, 8-bit codes multiply int8 activations instead (each row rounded per
-weight group, as llama.cpp rounds the activations of a Q8_0 block) with VPDPBUSD, about half the
-instructions of the two bf16 passes; ``VLLM_EDGE_LOWBIT_ACT8=0`` keeps the bf16 product.
+On a CPU with AVX512-VNNI, every width multiplies int8 activations instead (each row rounded
+per weight group, as llama.cpp rounds the activations of its Q5_0, Q6_K and Q8_0 blocks) with
+VPDPBUSD, about half the instructions of the bf16 products: the high-bit planes are stored in
+VPDPBUSD's byte order for this, and the bf16 product takes its k-pair's bits with one PEXT.
+``VLLM_EDGE_LOWBIT_ACT8=0`` keeps the bf16 product.
 
 Where the CPU lacks AVX512-BF16, VBMI or BW, the kernel cannot be built, or a shape does not
 fit (rows not a multiple of 64, columns of 32, a group not a multiple of 16), the layer keeps
@@ -51,8 +53,9 @@ class Packed:
     """One weight in the packed layout (shapes for ``N`` rows, ``K`` columns, group ``g``)."""
 
     nibbles: torch.Tensor    # uint8 [N/64, K, 32]
-    high: torch.Tensor       # int32 [N/64, K/2, planes, 4], read as uint32 masks; for 8-bit
-                             # codes the high nibbles, [N/64, K, 32] bytes as int32 [N/64, K, 8]
+    high: torch.Tensor       # int32 [N/64, K/4, planes, 4, 2], read as uint64 masks (low word
+                             # first); for 8-bit codes the high nibbles, [N/64, K, 32] bytes as
+                             # int32 [N/64, K, 8]
     scale: torch.Tensor      # fp16 [K/g, N]
     zero: torch.Tensor | None  # fp16 [K/g, N], None when every offset is 0
     group: int
@@ -111,9 +114,10 @@ def pack(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group:
     if planes == WIDE:
         high = torch.empty(nb, k, 32, dtype=torch.uint8)
     else:
-        high = torch.empty(nb, k // 2, planes, 4, dtype=torch.int32)
-        # bit 2j+t of mask (b, p, plane, i) = bit 4+plane of u at row 16i+j of block b, column 2p+t
-        weights = torch.tensor([1 << (2 * j + t) for j in range(16) for t in range(2)], dtype=torch.int64)
+        high = torch.empty(nb, k // 4, planes, 4, 2, dtype=torch.int32)
+        # bit 4j+t of mask (b, q, plane, i) = bit 4+plane of u at row 16i+j of block b, column
+        # 4q+t: VPDPBUSD's byte order; word w of a mask holds rows j = 8w..8w+7
+        weights = 1 << torch.arange(32, dtype=torch.int64)
     for b0 in range(0, nb, _PACK_BLOCKS):
         rows = q[b0 * BLOCK_ROWS:(b0 + _PACK_BLOCKS) * BLOCK_ROWS]
         blocks = (rows.to(torch.int16) + OFFSETS[planes]).to(torch.uint8).view(-1, BLOCK_ROWS, k)
@@ -122,12 +126,12 @@ def pack(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group:
         if planes == WIDE:
             high[b0:b1] = _nibble_layout(blocks >> 4)
             continue
-        quarters = blocks.reshape(-1, 4, 16, k // 2, 2)                         # b, i, j, p, t
+        quarters = blocks.reshape(-1, 4, 16, k // 4, 4)                         # b, i, j, q, t
         for plane in range(planes):
             bits = ((quarters >> (4 + plane)) & 1).to(torch.int64)
-            bits = bits.permute(0, 3, 1, 2, 4).reshape(-1, k // 2, 4, 32)
-            masks = (bits * weights).sum(-1)                                      # b, p, i
-            high[b0:b1, :, plane] = torch.where(masks >= 1 << 31, masks - (1 << 32), masks).to(torch.int32)
+            bits = bits.permute(0, 3, 1, 2, 4).reshape(-1, k // 4, 4, 2, 32)
+            words = (bits * weights).sum(-1)                                      # b, q, i, w
+            high[b0:b1, :, plane] = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
     if planes == WIDE:
         high = high.view(torch.int32)
     zero_t = None if zero is None or not zero.any() else zero.t().contiguous()
@@ -265,10 +269,10 @@ def unpack_codes(nibbles: torch.Tensor, high: torch.Tensor, planes: int) -> torc
         h = high.contiguous().view(torch.uint8).view(nb, k, 32).transpose(1, 2)
         u = u | (torch.cat([h & 15, h >> 4], dim=1).to(torch.int16) << 4)
         return (u - OFFSETS[planes]).to(torch.int8).reshape(nb * 64, k)
-    masks = high.to(torch.int64) & 0xFFFFFFFF                                # b, p, plane, i
+    words = high.to(torch.int64) & 0xFFFFFFFF                                # b, q, plane, i, w
     shifts = torch.arange(32, dtype=torch.int64)
     for plane in range(planes):
-        bits = (masks[:, :, plane, :, None] >> shifts) & 1                   # b, p, i, 2j+t
-        bits = bits.view(nb, k // 2, 4, 16, 2).permute(0, 2, 3, 1, 4).reshape(nb, 64, k)
+        bits = (words[:, :, plane, :, :, None] >> shifts) & 1                # b, q, i, w, 4(j%8)+t
+        bits = bits.reshape(nb, k // 4, 4, 16, 4).permute(0, 2, 3, 1, 4).reshape(nb, 64, k)
         u = u | (bits.to(torch.int16) << (4 + plane))
     return (u - OFFSETS[planes]).to(torch.int8).reshape(nb * 64, k)

@@ -99,7 +99,6 @@ static inline void edge_store_bf16x16(uint16_t* y, __m512 f) {
 #endif
 
 #if defined(__AVX512BF16__) && defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
-#include <math.h>
 #include <stdlib.h>
 /* The int8-activation products (int4_gemv.c, lowbit_gemv.c) */
 
@@ -140,27 +139,32 @@ static inline int edge_act8_alloc(edge_act8_rows* r, int64_t M, int64_t k, int64
   return 0;
 }
 
-/* Row m of X rounded to int8 per group of kg: the step d = max|x| / 127 (0 for an all-zero
-   group, whose values are then 0), q = x / d to nearest (ties to even), and the group's sum of
-   q. The tests' references read the same rule. */
+/* Row m of X rounded to int8 per group of kg (a multiple of 16): the step d = max|x| / 127 (0
+   for an all-zero group, whose values are then 0), q = x / d to nearest (ties to even: the
+   conversion's default rounding, as nearbyintf), and the group's sum of q. Sixteen values per
+   instruction: a prefill call rounds hundreds of rows, a decode call's row sits on the
+   critical path before the product. The tests' references read the same rule. */
 static inline void edge_act8_quantize_row(const uint16_t* x, int64_t k, int64_t kg, int8_t* q, float* d, int32_t* sq) {
+  const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
   for (int64_t g = 0; g < k / kg; g++) {
     const uint16_t* xg = x + g * kg;
-    float amax = 0.0f;
-    for (int64_t j = 0; j < kg; j++) {
-      const float a = fabsf(edge_bf2f(xg[j]));
-      if (a > amax) amax = a;
-    }
-    const float step = amax / 127.0f, inv = step > 0.0f ? 1.0f / step : 0.0f;
-    int32_t sum = 0;
-    for (int64_t j = 0; j < kg; j++) {
-      float r = nearbyintf(edge_bf2f(xg[j]) * inv);
-      r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
-      q[g * kg + j] = (int8_t)r;
-      sum += (int32_t)r;
+    __m512 amax = _mm512_setzero_ps();
+    for (int64_t j = 0; j < kg; j += 16)
+      amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_castsi512_ps(_mm512_slli_epi32(
+                                   _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(xg + j))), 16))));
+    const float step = _mm512_reduce_max_ps(amax) / 127.0f, inv = step > 0.0f ? 1.0f / step : 0.0f;
+    const __m512 vinv = _mm512_set1_ps(inv);
+    __m512i sum = _mm512_setzero_si512();
+    for (int64_t j = 0; j < kg; j += 16) {
+      const __m512 v = _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(xg + j))), 16));
+      __m512i r = _mm512_cvt_roundps_epi32(_mm512_mul_ps(v, vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      r = _mm512_max_epi32(_mm512_min_epi32(r, lim), nlim);
+      sum = _mm512_add_epi32(sum, r);
+      _mm_storeu_si128((__m128i*)(q + g * kg + j), _mm512_cvtepi32_epi8(r));
     }
     d[g] = step;
-    sq[g] = sum;
+    sq[g] = _mm512_reduce_add_epi32(sum);
   }
 }
 

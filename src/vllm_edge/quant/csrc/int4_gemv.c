@@ -132,9 +132,11 @@ static inline __attribute__((always_inline)) void act8_block_m(
   const __m512i low = _mm512_set1_epi8(0x0F);
   const int64_t groups = k / kg;
   const uint8_t* pb = packed + b * k * 32;
-  __m512 out[GEMV_MAX_M][4];
-  for (int m = 0; m < M; m++)
-    for (int i = 0; i < 4; i++) out[m][i] = _mm512_setzero_ps();
+  /* the fp32 sums live in memory between groups: kept in registers beside the 16
+     accumulators they pushed the accumulators themselves out to the stack, a load and a store
+     around every VPDPBUSD */
+  float out[GEMV_MAX_M * 64] __attribute__((aligned(64)));
+  for (int j = 0; j < M * 64; j += 16) _mm512_store_ps(out + j, _mm512_setzero_ps());
   for (int64_t g = 0; g < groups; g++) {
     __m512i acc[GEMV_MAX_M][4];
     for (int m = 0; m < M; m++)
@@ -157,21 +159,29 @@ static inline __attribute__((always_inline)) void act8_block_m(
       }
     }
     const uint16_t* szr = sz + (g * n + b * 64) * 2;
+    /* per row, once for the block's four quarters: its step, the step times the offset's part
+       8 sum xq, and the exact sum of x */
+    __m512 d[GEMV_MAX_M], dq[GEMV_MAX_M], sxv[GEMV_MAX_M];
+    for (int m = 0; m < M; m++) {
+      const int64_t mg = m * groups + g;
+      d[m] = _mm512_set1_ps(dx[mg]);
+      dq[m] = _mm512_set1_ps(dx[mg] * (float)(8 * sq[mg]));
+      sxv[m] = _mm512_set1_ps(sx[mg]);
+    }
     for (int i = 0; i < 4; i++) {
       const __m512i t = _mm512_loadu_si512((const void*)(szr + i * 32));
       const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(t, 16));
       const __m512 z = _mm512_castsi512_ps(_mm512_and_si512(t, hi16));
       for (int m = 0; m < M; m++) {
-        const int64_t mg = m * groups + g;
-        /* exact in int32: |q xq| <= 15 * 127 per product */
-        const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][i], _mm512_set1_epi32(8 * sq[mg])));
-        out[m][i] = _mm512_fmadd_ps(z, _mm512_set1_ps(sx[mg]),
-                                    _mm512_fmadd_ps(_mm512_mul_ps(s, _mm512_set1_ps(dx[mg])), dot, out[m][i]));
+        /* the dot is exact in int32 (|q xq| <= 15 * 127 per product) and in fp32 */
+        const __m512 dot = _mm512_fmsub_ps(_mm512_cvtepi32_ps(acc[m][i]), d[m], dq[m]);
+        float* o = out + (m * 4 + i) * 16;
+        _mm512_store_ps(o, _mm512_fmadd_ps(z, sxv[m], _mm512_fmadd_ps(s, dot, _mm512_load_ps(o))));
       }
     }
   }
   for (int m = 0; m < M; m++)
-    for (int i = 0; i < 4; i++) edge_store_bf16x16(y + m * n + b * 64 + i * 16, out[m][i]);
+    for (int i = 0; i < 4; i++) edge_store_bf16x16(y + m * n + b * 64 + i * 16, _mm512_load_ps(out + (m * 4 + i) * 16));
 }
 
 #define ACT8_CASE(MM) \

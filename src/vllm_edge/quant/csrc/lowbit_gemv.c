@@ -6,10 +6,12 @@
  * z fp16 per group of kg input columns (z absent: 0). The codes are split in two:
  *  - the low nibbles in the AVX-512 int4 product's layout (int4_gemv.c): blocks of 64 output
  *    rows stored [K][32] bytes, byte (k, j) = row j (low nibble) | row j+32 (high nibble);
- *  - the high bits as bit planes, one 32-bit mask per (block, k-pair, plane, row quarter):
- *    bit 2j+t of mask (b, p, plane, i) is bit 4+plane of u at row 64b+16i+j, column 2p+t.
- *    That is the word order of the int4 product's bf16 vectors, so a plane is one masked
- *    16-bit add of 16 << plane into the (128 + nibble) words before VDPBF16PS.
+ *  - the high bits as bit planes, one 64-bit mask per (block, k-quad, plane, row quarter):
+ *    bit 4j+t of mask (b, q, plane, i) is bit 4+plane of u at row 64b+16i+j, column 4q+t.
+ *    That is the byte order of VPDPBUSD's operands (four k-steps per 32-bit lane), so with
+ *    int8 activations a plane is one masked byte add of 16 << plane. The bf16 product takes
+ *    a k-pair's half of the mask with one PEXT (BMI2): bit 2j+t, the word order of its bf16
+ *    vectors, and adds 16 << plane to the (128 + nibble) words before VDPBF16PS.
  * 128 + u stays exact in bf16 for u < 128, so the products are those of the int4 kernel:
  * per group, sum_k w x = s * sum (128 + u) x + (z - (128 + off) s) * sum x, in fp32.
  *
@@ -19,18 +21,22 @@
  * power of two). Their sum is (u + 2176) x, so the base is 128 + off + 2048 = 2304.
  * Scales and offsets are group-major, [K/kg][N] fp16, so a group's 16 rows are one load.
  *
- * 8-bit codes with AVX512-VNNI (edge_lowbit_set_act8): each row of X is rounded to int8 per
- * weight group, as llama.cpp rounds the activations it multiplies a Q8_0 block by (step
- * max|x| / 127, nearest), and VPDPBUSD multiplies four k-steps of 16 rows, unsigned codes
- * against signed activations, per instruction. Two two-source byte permutes put four k-steps
- * of the nibble layout in VPDPBUSD's order and one ternary-logic blend joins the two nibble
- * planes into the byte u = code + 128: about half the instructions of the two VDPBF16PS
- * passes. Per group, sum_k w x = s d (sum u q - 128 sum q) + z sum x, d the row's step and q
- * its int8 values. Why: a small model's tied Q8_0 head is the largest matrix of a decode step,
- * and on a CPU whose last-level cache holds the model the two-pass product is bound by
- * instructions, not memory. A row's result does not depend on the rows beside it.
+ * With AVX512-VNNI (edge_lowbit_set_act8) every width takes int8 activations: each row of X
+ * is rounded to int8 per weight group, as llama.cpp rounds the activations it multiplies its
+ * Q5_0, Q6_K or Q8_0 blocks by (step max|x| / 127, nearest), and VPDPBUSD multiplies four
+ * k-steps of 16 rows, unsigned codes against signed activations, per instruction. Two
+ * two-source byte permutes put four k-steps of the nibble layout in VPDPBUSD's order; for
+ * 8-bit codes one ternary-logic blend joins the two nibble planes into the byte u = code + 128,
+ * for 5- and 6-bit codes each plane is one masked byte add. Per group,
+ * sum_k w x = s d (sum u q - off sum q) + z sum x, d the row's step and q its int8 values.
+ * Why: a small model's tied Q8_0 head is the largest matrix of a decode step and its Q5_0 and
+ * Q6_K layers most of the rest (a Q4_K_M file falls back to them where a row is not a multiple
+ * of 256); the bf16 products issue about twice the instructions (two VDPBF16PS passes for 8-bit
+ * codes, a masked word add per plane and k-pair for 5- and 6-bit ones), and on a CPU whose
+ * last-level cache holds the model they are bound by instructions, not memory. A row's
+ * result does not depend on the rows beside it.
  *
- * Without AVX512-BF16, VBMI and BW edge_lowbit_supported() is 0 and the caller keeps the
+ * Without AVX512-BF16, VBMI, BW and BMI2 edge_lowbit_supported() is 0 and the caller keeps the
  * row-major int8 codes (int8_gemv.c). The dequantizer is portable C.
  */
 #include <stdint.h>
@@ -42,7 +48,7 @@
 
 #include "edge_bf16.h"
 
-#if defined(__AVX512BF16__) && defined(__AVX512VBMI__) && defined(__AVX512BW__)
+#if defined(__AVX512BF16__) && defined(__AVX512VBMI__) && defined(__AVX512BW__) && defined(__BMI2__)
 #define EDGE_LOWBIT 1
 #endif
 
@@ -52,13 +58,13 @@
 
 #define LOWBIT_MAX_M 4
 
-/* 8-bit codes through int8 activations and VPDPBUSD: set once at load (envs
-   VLLM_EDGE_LOWBIT_ACT8), never while a product runs */
+/* int8 activations and VPDPBUSD: set once at load (envs VLLM_EDGE_LOWBIT_ACT8), never while a
+   product runs */
 static int act8_wanted = 0;
 
 void edge_lowbit_set_act8(int on) { act8_wanted = on != 0; }
 
-/* whether 8-bit codes take the int8-activation product here (wanted, and built with VNNI) */
+/* whether the products take int8 activations here (wanted, and built with VNNI) */
 int edge_lowbit_act8(void) {
 #ifdef EDGE_ACT8
   return act8_wanted;
@@ -102,8 +108,8 @@ static inline int lowbit_code(const uint8_t* nib, const uint8_t* hib, int64_t k,
   const int64_t at = b * k * 32 + c * 32 + (jj % 32);
   int u = (nib[at] >> shift) & 15;
   if (planes == 4) return u | (((hib[at] >> shift) & 15) << 4);
-  const uint32_t* hm = (const uint32_t*)hib + b * (k / 2) * planes * 4 + (c / 2) * planes * 4 + (jj % 64) / 16;
-  const int bit = (int)(2 * (jj % 16) + (c & 1));
+  const uint64_t* hm = (const uint64_t*)hib + (b * (k / 4) + c / 4) * planes * 4 + (jj % 64) / 16;
+  const int bit = (int)(4 * (jj % 16) + (c & 3));
   u |= (int)((hm[0] >> bit) & 1u) << 4;
   if (planes == 2) u |= (int)((hm[4] >> bit) & 1u) << 5;
   return u;
@@ -120,16 +126,20 @@ static inline float group_sum(const uint16_t* v, int64_t kg) {
 }
 
 /* The four (128 + u) word vectors of k-steps (kk, kk+1) of a block: the nibble words with each
-   high-bit plane added in (16 << plane where its mask bit is set). */
-static inline __attribute__((always_inline)) void lowbit_words(const uint8_t* pb, const uint32_t* hb,
+   high-bit plane added in (16 << plane where its mask bit is set). The k-quad's masks hold
+   bit 4j+t for k-step t; PEXT keeps the pair's two bits of each row, bit 2j+t. */
+static inline __attribute__((always_inline)) void lowbit_words(const uint8_t* pb, const uint64_t* hb,
                                                                int64_t kk, const int planes, __m512i pick0,
                                                                __m512i pick1, __m512i a[4]) {
   edge_nibble_words(pb + kk * 32, pick0, pick1, a);
-  const uint32_t* hm = hb + (kk / 2) * planes * 4;
+  const uint64_t* hm = hb + (kk / 4) * planes * 4;
+  const uint64_t half = (kk & 2) ? 0xCCCCCCCCCCCCCCCCull : 0x3333333333333333ull;
   const __m512i add16 = _mm512_set1_epi16(16), add32 = _mm512_set1_epi16(32);
-  for (int i = 0; i < 4; i++) a[i] = _mm512_mask_add_epi16(a[i], _cvtu32_mask32(hm[i]), a[i], add16);
+  for (int i = 0; i < 4; i++)
+    a[i] = _mm512_mask_add_epi16(a[i], _cvtu32_mask32((uint32_t)_pext_u64(hm[i], half)), a[i], add16);
   if (planes == 2)
-    for (int i = 0; i < 4; i++) a[i] = _mm512_mask_add_epi16(a[i], _cvtu32_mask32(hm[4 + i]), a[i], add32);
+    for (int i = 0; i < 4; i++)
+      a[i] = _mm512_mask_add_epi16(a[i], _cvtu32_mask32((uint32_t)_pext_u64(hm[4 + i], half)), a[i], add32);
 }
 
 /* rows 16i..16i+15 of block b in group g: the fp32 scales and c = z - base * s */
@@ -149,7 +159,7 @@ static inline __attribute__((always_inline)) void lowbit_block_m(
   const int64_t groups = k / kg;
   const uint8_t* pb = nib + b * k * 32;
   const uint8_t* hn = hib + b * k * 32; /* planes == 4: the high nibbles */
-  const uint32_t* hb = (const uint32_t*)hib + b * (k / 2) * (planes & 3) * 4;
+  const uint64_t* hb = (const uint64_t*)hib + b * (k / 4) * (planes & 3) * 4;
   __m512 out[LOWBIT_MAX_M][4];
   for (int m = 0; m < M; m++)
     for (int i = 0; i < 4; i++) out[m][i] = _mm512_setzero_ps();
@@ -181,20 +191,23 @@ static inline __attribute__((always_inline)) void lowbit_block_m(
 }
 
 #ifdef EDGE_ACT8
-/* Block b (64 output rows) of 8-bit codes for M <= LOWBIT_MAX_M rows of X rounded to int8:
-   xq the rows' int8 values, dx[m * groups + g] the step of group g of row m, sq the groups'
-   sums of xq, sx their exact sums of x (read only where z is set). */
+/* Block b (64 output rows) for M <= LOWBIT_MAX_M rows of X rounded to int8: xq the rows' int8
+   values, dx[m * groups + g] the step of group g of row m, sq the groups' sums of xq, sx their
+   exact sums of x (read only where z is set). u = code + off in every byte VPDPBUSD reads. */
 static inline __attribute__((always_inline)) void act8_block_m(
     const uint8_t* nib, const uint8_t* hib, const uint16_t* s, const uint16_t* z, const int8_t* xq,
     const float* dx, const int32_t* sq, const float* sx, uint16_t* y, int64_t n, int64_t k, int64_t kg,
-    int64_t b, const int M, const __m512i idx_lo, const __m512i idx_hi) {
+    int64_t b, const int M, const int planes, const int32_t off, const __m512i idx_lo, const __m512i idx_hi) {
   const int64_t groups = k / kg;
   const uint8_t* pn = nib + b * k * 32;
-  const uint8_t* ph = hib + b * k * 32;
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  __m512 out[LOWBIT_MAX_M][4];
-  for (int m = 0; m < M; m++)
-    for (int i = 0; i < 4; i++) out[m][i] = _mm512_setzero_ps();
+  const uint8_t* ph = hib + b * k * 32; /* planes == 4: the high nibbles */
+  const uint64_t* hb = (const uint64_t*)hib + b * (k / 4) * (planes & 3) * 4;
+  const __m512i low = _mm512_set1_epi8(0x0F), add16 = _mm512_set1_epi8(16), add32 = _mm512_set1_epi8(32);
+  /* the fp32 sums live in memory between groups: kept in registers beside the 16
+     accumulators they pushed the accumulators themselves out to the stack, a load and a store
+     around every VPDPBUSD */
+  float out[LOWBIT_MAX_M * 64] __attribute__((aligned(64)));
+  for (int j = 0; j < M * 64; j += 16) _mm512_store_ps(out + j, _mm512_setzero_ps());
   for (int64_t g = 0; g < groups; g++) {
     __m512i acc[LOWBIT_MAX_M][4];
     for (int m = 0; m < M; m++)
@@ -202,17 +215,29 @@ static inline __attribute__((always_inline)) void act8_block_m(
     for (int64_t kk = g * kg; kk < (g + 1) * kg; kk += 4) {
       const __m512i n0 = _mm512_loadu_si512((const void*)(pn + kk * 32));
       const __m512i n1 = _mm512_loadu_si512((const void*)(pn + kk * 32 + 64));
-      const __m512i h0 = _mm512_loadu_si512((const void*)(ph + kk * 32));
-      const __m512i h1 = _mm512_loadu_si512((const void*)(ph + kk * 32 + 64));
       const __m512i pa = _mm512_permutex2var_epi8(n0, idx_lo, n1), pb = _mm512_permutex2var_epi8(n0, idx_hi, n1);
-      const __m512i qa = _mm512_permutex2var_epi8(h0, idx_lo, h1), qb = _mm512_permutex2var_epi8(h0, idx_hi, h1);
-      /* u = low nibble | high nibble << 4, blended under the 0x0F mask (0xE4: C ? A : B):
-         rows 0-31 hold their nibbles low in pa/pb and qa/qb, rows 32-63 high */
       __m512i u[4];
-      u[0] = _mm512_ternarylogic_epi32(pa, _mm512_slli_epi16(qa, 4), low, 0xE4);
-      u[1] = _mm512_ternarylogic_epi32(pb, _mm512_slli_epi16(qb, 4), low, 0xE4);
-      u[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(pa, 4), qa, low, 0xE4);
-      u[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(pb, 4), qb, low, 0xE4);
+      if (planes == 4) {
+        const __m512i h0 = _mm512_loadu_si512((const void*)(ph + kk * 32));
+        const __m512i h1 = _mm512_loadu_si512((const void*)(ph + kk * 32 + 64));
+        const __m512i qa = _mm512_permutex2var_epi8(h0, idx_lo, h1), qb = _mm512_permutex2var_epi8(h0, idx_hi, h1);
+        /* u = low nibble | high nibble << 4, blended under the 0x0F mask (0xE4: C ? A : B):
+           rows 0-31 hold their nibbles low in pa/pb and qa/qb, rows 32-63 high */
+        u[0] = _mm512_ternarylogic_epi32(pa, _mm512_slli_epi16(qa, 4), low, 0xE4);
+        u[1] = _mm512_ternarylogic_epi32(pb, _mm512_slli_epi16(qb, 4), low, 0xE4);
+        u[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(pa, 4), qa, low, 0xE4);
+        u[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(pb, 4), qb, low, 0xE4);
+      } else {
+        /* the nibbles, then each plane's bit as 16 << plane: the masks are in this byte order */
+        const uint64_t* hm = hb + (kk / 4) * planes * 4;
+        u[0] = _mm512_and_si512(pa, low);
+        u[1] = _mm512_and_si512(pb, low);
+        u[2] = _mm512_and_si512(_mm512_srli_epi16(pa, 4), low);
+        u[3] = _mm512_and_si512(_mm512_srli_epi16(pb, 4), low);
+        for (int i = 0; i < 4; i++) u[i] = _mm512_mask_add_epi8(u[i], _cvtu64_mask64(hm[i]), u[i], add16);
+        if (planes == 2)
+          for (int i = 0; i < 4; i++) u[i] = _mm512_mask_add_epi8(u[i], _cvtu64_mask64(hm[4 + i]), u[i], add32);
+      }
       for (int m = 0; m < M; m++) {
         const int8_t* xm = xq + m * k + kk;
         EDGE_ACT8_DOT(acc[m][0], u[0], xm);
@@ -221,45 +246,63 @@ static inline __attribute__((always_inline)) void act8_block_m(
         EDGE_ACT8_DOT(acc[m][3], u[3], xm);
       }
     }
+    /* per row, once for the block's four quarters: its step, the step times the offset's part
+       off sum xq, and the exact sum of x */
+    __m512 d[LOWBIT_MAX_M], dq[LOWBIT_MAX_M], sxv[LOWBIT_MAX_M];
+    for (int m = 0; m < M; m++) {
+      const int64_t mg = m * groups + g;
+      d[m] = _mm512_set1_ps(dx[mg]);
+      dq[m] = _mm512_set1_ps(dx[mg] * (float)(off * sq[mg]));
+      sxv[m] = _mm512_set1_ps(z ? sx[mg] : 0.0f);
+    }
     for (int i = 0; i < 4; i++) {
       const int64_t at = g * n + b * 64 + i * 16;
       const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(s + at)));
       const __m512 zc = z ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(z + at))) : _mm512_setzero_ps();
       for (int m = 0; m < M; m++) {
-        const int64_t mg = m * groups + g;
-        /* exact in int32: |u q| <= 255 * 127 per product */
-        const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][i], _mm512_set1_epi32(128 * sq[mg])));
-        out[m][i] = _mm512_fmadd_ps(_mm512_mul_ps(sc, _mm512_set1_ps(dx[mg])), dot, out[m][i]);
-        if (z) out[m][i] = _mm512_fmadd_ps(zc, _mm512_set1_ps(sx[mg]), out[m][i]);
+        /* the dot is exact in int32 (|u q| <= 255 * 127 per product, groups of at most 256) */
+        const __m512 dot = _mm512_fmsub_ps(_mm512_cvtepi32_ps(acc[m][i]), d[m], dq[m]);
+        float* o = out + (m * 4 + i) * 16;
+        __m512 v = _mm512_fmadd_ps(sc, dot, _mm512_load_ps(o));
+        if (z) v = _mm512_fmadd_ps(zc, sxv[m], v);
+        _mm512_store_ps(o, v);
       }
     }
   }
   for (int m = 0; m < M; m++)
-    for (int i = 0; i < 4; i++) edge_store_bf16x16(y + m * n + b * 64 + i * 16, out[m][i]);
+    for (int i = 0; i < 4; i++) edge_store_bf16x16(y + m * n + b * 64 + i * 16, _mm512_load_ps(out + (m * 4 + i) * 16));
 }
 
-#define ACT8_CASE(MM) \
+#define ACT8_CASE(MM, PL) \
   act8_block_m(nib, hib, s, z, r.q + m0 * k, r.d + m0 * groups, r.sq + m0 * groups, r.sx + m0 * groups, \
-               y + m0 * n, n, k, kg, b, MM, idx_lo, idx_hi)
+               y + m0 * n, n, k, kg, b, MM, PL, (int32_t)off, idx_lo, idx_hi)
+#define ACT8_ROWS(PL)            \
+  switch (mm) {                  \
+    case 1: ACT8_CASE(1, PL); break; \
+    case 2: ACT8_CASE(2, PL); break; \
+    case 3: ACT8_CASE(3, PL); break; \
+    default: ACT8_CASE(4, PL); break; \
+  }
 
-/* The 8-bit product through int8 activations (see the top of this file), for a shape
-   shape_ok took (its groups are whole multiples of 16, so of VPDPBUSD's 4 k-steps); 0, or -1
-   where it cannot run (no memory) */
+/* The product through int8 activations (see the top of this file), for a shape shape_ok took
+   (its groups are whole multiples of 16, so of VPDPBUSD's 4 k-steps); 0, or -1 where it cannot
+   run (no memory) */
 static int act8_gemv(const uint8_t* nib, const uint8_t* hib, const uint16_t* s, const uint16_t* z,
                      const uint16_t* x, uint16_t* y, int64_t M, int64_t n, int64_t k, int64_t kg,
-                     int64_t threads) {
+                     int64_t planes, int64_t off, int64_t threads) {
   const int64_t groups = k / kg, blocks = n / 64;
   edge_act8_rows r;
   if (edge_act8_alloc(&r, M, k, groups)) return -1;
-  for (int64_t m = 0; m < M; m++) {
-    edge_act8_quantize_row(x + m * k, k, kg, r.q + m * k, r.d + m * groups, r.sq + m * groups);
-    if (z)
-      for (int64_t g = 0; g < groups; g++) r.sx[m * groups + g] = group_sum(x + m * k + g * kg, kg);
-  }
   __m512i idx_lo, idx_hi;
   edge_act8_indices(&idx_lo, &idx_hi);
 #pragma omp parallel num_threads((int)(threads < 1 ? 1 : threads))
   {
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+      edge_act8_quantize_row(x + m * k, k, kg, r.q + m * k, r.d + m * groups, r.sq + m * groups);
+      if (z)
+        for (int64_t g = 0; g < groups; g++) r.sx[m * groups + g] = group_sum(x + m * k + g * kg, kg);
+    }
 #ifdef _OPENMP
     int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
 #else
@@ -269,17 +312,20 @@ static int act8_gemv(const uint8_t* nib, const uint8_t* hib, const uint16_t* s, 
     const int64_t lo = units * t / nt, hi = units * (t + 1) / nt;
     for (int64_t u = lo; u < hi; u++) {
       const int64_t b = u / chunks, m0 = (u % chunks) * LOWBIT_MAX_M;
-      switch (M - m0 < LOWBIT_MAX_M ? M - m0 : LOWBIT_MAX_M) {
-        case 1: ACT8_CASE(1); break;
-        case 2: ACT8_CASE(2); break;
-        case 3: ACT8_CASE(3); break;
-        default: ACT8_CASE(4); break;
+      const int64_t mm = M - m0 < LOWBIT_MAX_M ? M - m0 : LOWBIT_MAX_M;
+      if (planes == 1) {
+        ACT8_ROWS(1)
+      } else if (planes == 2) {
+        ACT8_ROWS(2)
+      } else {
+        ACT8_ROWS(4)
       }
     }
   }
   free(r.d);
   return 0;
 }
+#undef ACT8_ROWS
 #undef ACT8_CASE
 #endif
 
@@ -293,7 +339,7 @@ static void lowbit_dequant_t_block(const uint8_t* nib, const uint8_t* hib, const
   const __m512 sixteen = _mm512_set1_ps(16.0f);
   const uint8_t* pb = nib + b * k * 32;
   const uint8_t* hn = hib + b * k * 32;
-  const uint32_t* hb = (const uint32_t*)hib + b * (k / 2) * (planes & 3) * 4;
+  const uint64_t* hb = (const uint64_t*)hib + b * (k / 4) * (planes & 3) * 4;
   const __m512 basev = _mm512_set1_ps(base);
   for (int64_t g = 0; g < k / kg; g++) {
     __m512 sc[4], zc[4];
@@ -341,7 +387,7 @@ int edge_lowbit_gemv(const uint8_t* nib, const uint8_t* hib, const uint16_t* s, 
 #ifdef EDGE_LOWBIT
   if (!shape_ok(M, n, k, kg, planes, off)) return -1;
 #ifdef EDGE_ACT8
-  if (planes == 4 && act8_wanted && act8_gemv(nib, hib, s, z, x, y, M, n, k, kg, threads) == 0) return 0;
+  if (act8_wanted && act8_gemv(nib, hib, s, z, x, y, M, n, k, kg, planes, off, threads) == 0) return 0;
 #endif
   const int64_t groups = k / kg, blocks = n / 64;
   const float base = lowbit_base(planes, off);

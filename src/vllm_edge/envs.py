@@ -284,8 +284,11 @@ _declare(
     "the default build (benchmarks/results/step/intel-xeon-processor-amx-bf16-2-cores/), Intel "
     "Xeon AMX host; same-file fidelity "
     "against llama.cpp on the embedded GGUF, both positions "
-    "(benchmarks/results/fidelity_vs_llamacpp_default_act8-*). Where the CPU lacks AVX512-VNNI it "
-    "has no effect. docs/design/cpu-int4.md says where it is not measured.",
+    "(benchmarks/results/fidelity_vs_llamacpp_default_act8-*). On the AMD EPYC Zen 5 host the "
+    "same grid (benchmarks/results/grid/act8/amd-epyc-family-26-2-avx512-bf16-2-cores/) and the "
+    "Gemma 3 file's same-file fidelity, both positions "
+    "(benchmarks/results/fidelity_vs_llamacpp_gemma3-270m-q4_k_m_own-types_act8-*). Where the "
+    "CPU lacks AVX512-VNNI it has no effect. docs/design/cpu-int4.md says where it is not measured.",
 )
 _declare(
     "VLLM_EDGE_LOWBIT_ACT8", "bool", True,

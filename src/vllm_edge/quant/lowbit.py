@@ -164,7 +164,7 @@ def library() -> ctypes.CDLL | None:
 
 def set_act8(lib: ctypes.CDLL, on: bool | None = None) -> bool:
     """Set whether ``lib`` (the ctypes kernel, or the C++ op's library that holds its own copy)
-    multiplies 8-bit codes by int8 activations: ``on``, else ``VLLM_EDGE_LOWBIT_ACT8``. Returns
+    multiplies its codes by int8 activations: ``on``, else ``VLLM_EDGE_LOWBIT_ACT8``. Returns
     whether it now does (False where it was not built with AVX512-VNNI)."""
     from vllm_edge import envs
 

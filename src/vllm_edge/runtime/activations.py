@@ -1,6 +1,6 @@
-"""Int8 or bf16 activations in the 4- and 8-bit products, by the engine's priority.
+"""Int8 or bf16 activations in the cpu_int4 and cpu_int8 products, by the engine's priority.
 
-On a CPU with AVX512-VNNI, cpu_int4's product and cpu_int8's for 8-bit codes round each
+On a CPU with AVX512-VNNI, cpu_int4's product and cpu_int8's (5-, 6- and 8-bit codes) round each
 activation row to int8 per weight group and multiply with VPDPBUSD (docs/design/cpu-int4.md,
 "Int8 activations on AVX512-VNNI"): about half the instructions per weight, at a small cost in
 agreement with llama.cpp on the same file, though llama.cpp rounds its own activations the
@@ -32,12 +32,12 @@ def apply(env: dict[str, str], reasons: dict[str, str], priority: str, vnni: boo
     for name in SWITCHES:
         env[name] = "1" if on else "0"
     if not vnni:
-        reasons[KEY] = "bf16 activations in the 4- and 8-bit products: this CPU has no AVX512-VNNI"
+        reasons[KEY] = "bf16 activations in the cpu_int4 and cpu_int8 products: this CPU has no AVX512-VNNI"
     elif not on:
-        reasons[KEY] = ("bf16 activations in the 4- and 8-bit products, as priority fidelity "
+        reasons[KEY] = ("bf16 activations in the cpu_int4 and cpu_int8 products, as priority fidelity "
                         "promises (priority speed rounds them to int8 per weight group)")
     else:
-        reasons[KEY] = ("activations rounded to int8 per weight group in the 4- and 8-bit products "
+        reasons[KEY] = ("activations rounded to int8 per weight group in the cpu_int4 and cpu_int8 products "
                         "and multiplied with AVX512-VNNI's VPDPBUSD, as llama.cpp rounds its own "
                         "(priority speed; --priority fidelity keeps bf16; VLLM_EDGE_LOWBIT_ACT8 "
                         "follows)")

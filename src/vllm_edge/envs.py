@@ -269,7 +269,7 @@ _declare(
     "VLLM_CACHE_ROOT. Read once per process.",
     "On: the same values (lossless), about the file's bits per weight read instead of 8; the "
     "same-file comparisons with llama.cpp (docs/guide/models.md) ran it. Where the CPU lacks "
-    "AVX512-BF16, VBMI or BW it has no effect.",
+    "AVX512-BF16, VBMI, BW or BMI2 it has no effect.",
 )
 _declare(
     "VLLM_EDGE_INT4_ACT8", "bool", True,

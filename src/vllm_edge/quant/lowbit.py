@@ -20,7 +20,7 @@ VPDPBUSD, about half the instructions of the bf16 products: the high-bit planes 
 VPDPBUSD's byte order for this, and the bf16 product takes its k-pair's bits with one PEXT.
 ``VLLM_EDGE_LOWBIT_ACT8=0`` keeps the bf16 product.
 
-Where the CPU lacks AVX512-BF16, VBMI or BW, the kernel cannot be built, or a shape does not
+Where the CPU lacks AVX512-BF16, VBMI, BW or BMI2, the kernel cannot be built, or a shape does not
 fit (rows not a multiple of 64, columns of 32, a group not a multiple of 16), the layer keeps
 the row-major int8 codes and cpu_int8's own products (AVX-512, AVX2 or portable): correct,
 8 bits read per weight. ``VLLM_EDGE_LOWBIT=0`` keeps them everywhere.
@@ -82,7 +82,7 @@ def planes_for(q: torch.Tensor) -> int | None:
 
 def runtime_bits(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int) -> int:
     """Bits a decode step reads for this cpu_int8 weight where the packed product runs (an
-    AVX512-BF16/VBMI/BW CPU): 4 + planes per code that fits 5 or 6 bits, else 8; fp16 scales;
+    AVX512-BF16/VBMI/BW/BMI2 CPU): 4 + planes per code that fits 5 or 6 bits, else 8; fp16 scales;
     the offsets only when one is not zero (an all-zero offset is dropped at load)."""
     n, k = q.shape
     planes = planes_for(q) if fits(n, k, group) else None
@@ -173,7 +173,7 @@ def set_act8(lib: ctypes.CDLL, on: bool | None = None) -> bool:
 
 @functools.cache
 def supported() -> bool:
-    """Whether layers are packed here: ``VLLM_EDGE_LOWBIT`` on, an AVX512-BF16/VBMI/BW OpenMP build."""
+    """Whether layers are packed here: ``VLLM_EDGE_LOWBIT`` on, an AVX512-BF16/VBMI/BW/BMI2 OpenMP build."""
     from vllm_edge import envs
 
     if not envs.get("VLLM_EDGE_LOWBIT"):
@@ -181,7 +181,7 @@ def supported() -> bool:
     lib = library()
     ok = bool(lib is not None and lib.edge_lowbit_supported() and lib.edge_lowbit_openmp())
     if lib is not None and not ok:
-        logger.info("cpu_int8: the packed product needs AVX512-BF16, VBMI and BW; 8-bit codes "
+        logger.info("cpu_int8: the packed product needs AVX512-BF16, VBMI, BW and BMI2; 8-bit codes "
                     "stay row-major (correct, 8 bits read per weight)")
     return ok
 

@@ -132,9 +132,9 @@ static inline __attribute__((always_inline)) void act8_block_m(
   const __m512i low = _mm512_set1_epi8(0x0F);
   const int64_t groups = k / kg;
   const uint8_t* pb = packed + b * k * 32;
-  /* the fp32 sums live in memory between groups: kept in registers beside the 16
-     accumulators they pushed the accumulators themselves out to the stack, a load and a store
-     around every VPDPBUSD */
+  /* the fp32 sums live in memory between groups, as in lowbit_gemv.c's twin, where kept in
+     registers beside the 16 accumulators they pushed the accumulators out to the stack around
+     every VPDPBUSD at four rows */
   float out[GEMV_MAX_M * 64] __attribute__((aligned(64)));
   for (int j = 0; j < M * 64; j += 16) _mm512_store_ps(out + j, _mm512_setzero_ps());
   for (int64_t g = 0; g < groups; g++) {

@@ -302,6 +302,19 @@ _declare(
     "lacks AVX512-VNNI it has no effect.",
 )
 _declare(
+    "VLLM_EDGE_ONE_KV_GROUP", "bool", True,
+    "For a model that mixes sliding-window and full-attention layers (Gemma 3, Gemma 2): the "
+    "edge engines put every layer in one KV cache group (vLLM's disable_hybrid_kv_cache_manager) "
+    "when they priced the KV budget themselves, flat, so the attention metadata is built once a "
+    "step instead of once per group; the CPU attention still applies each layer's window "
+    "(runtime/kv_groups.py). 0 keeps vLLM's hybrid manager. Read when the engine arguments are "
+    "made.",
+    "On: bench step and bench speed on the Gemma 3 270M file with the switch on and off "
+    "(benchmarks/results/step/amd-epyc-family-26-2-avx512-bf16-2-cores/, "
+    "benchmarks/results/grid/kv_groups/); greedy tokens past the window equal transformers' "
+    "float32 ones in both positions (tests/runtime/test_kv_groups_engine.py).",
+)
+_declare(
     "VLLM_EDGE_INT4_GEMV", "bool", True,
     "cpu_int4: run batches up to the dequantization threshold (with dequant_threshold "
     "\"auto\", every batch) on the native AVX512-BF16 product (quant/csrc/int4_gemv.c); where "

@@ -69,8 +69,9 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
     ranks = {"tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size}
     world = tensor_parallel_size * pipeline_parallel_size
     per_rank = " per rank" if world > 1 else ""
-    if kv_cache_memory_bytes is None:
-        budget = kv_budget_for(config, max_model_len, max_num_seqs, dtype, CPU_BLOCK_SIZE, **ranks)
+    budget = kv_budget_for(config, max_model_len, max_num_seqs, dtype, CPU_BLOCK_SIZE, **ranks)
+    priced = kv_cache_memory_bytes is None
+    if priced:
         kv_cache_memory_bytes = budget.flat_bytes
         reasons["kv_cache_memory_bytes"] = (
             f"priced from the config{per_rank}: {budget.num_layers} layers x "
@@ -99,6 +100,9 @@ def edge_engine(model_path: str | Path, *, max_model_len: int = 2048, max_num_se
     reasons["max_num_seqs"] = (f"{max_num_seqs} sequences decode together; the KV budget is priced "
                                "for all of them at full length")
     reasons["enforce_eager"] = "requested" if enforce_eager else "compiled graph (cached by the AOT fix)"
+    from vllm_edge.runtime import kv_groups
+
+    kv_groups.apply(kwargs, reasons, budget, priced)
     kwargs["enable_prefix_caching"] = enable_prefix_caching
     if max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = max_num_batched_tokens

@@ -309,10 +309,11 @@ _declare(
     "step instead of once per group; the CPU attention still applies each layer's window "
     "(runtime/kv_groups.py). 0 keeps vLLM's hybrid manager. Read when the engine arguments are "
     "made.",
-    "On: bench step and bench speed on the Gemma 3 270M file with the switch on and off "
-    "(benchmarks/results/step/amd-epyc-family-26-2-avx512-bf16-2-cores/, "
-    "benchmarks/results/grid/kv_groups/); greedy tokens past the window equal transformers' "
-    "float32 ones in both positions (tests/runtime/test_kv_groups_engine.py).",
+    "On: bench step and bench speed on the Gemma 3 270M file with the switch on and off, "
+    "interleaved (benchmarks/results/grid/kv_groups_step/, benchmarks/results/grid/kv_groups/): "
+    "the runner's input preparation is shorter with one group, and nothing is slower; "
+    "log-probabilities and greedy tokens past the window equal transformers' float32 ones in "
+    "both positions (tests/runtime/test_kv_groups_engine.py).",
 )
 _declare(
     "VLLM_EDGE_INT4_GEMV", "bool", True,

@@ -10,11 +10,8 @@ from vllm_edge.runtime import kv_groups
 from vllm_edge.runtime.engine import edge_engine
 from vllm_edge.serving.serve import vllm_flags
 
-# Gemma 3 270M's shape: 18 layers, every sixth one global, a 512-token window elsewhere
-GEMMA3 = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_hidden_layers": 18,
-          "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "hidden_size": 640,
-          "sliding_window": 512,
-          "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(18)]}
+from .test_kv import GEMMA3  # Gemma 3 270M's shape: every sixth layer global, a 512-token window elsewhere
+
 # Mistral's first release: one window on every layer, a single group already
 ALL_WINDOWED = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "num_hidden_layers": 4,
                 "num_attention_heads": 4, "num_key_value_heads": 1, "hidden_size": 256,

@@ -39,6 +39,7 @@ def runs(default_model_dir):
         "patched": _probe(default_model_dir, {**legacy, "VLLM_EDGE_PATCH_GREEDY_SAMPLER": "1"}),
         "unpatched": _probe(default_model_dir, {**legacy, "VLLM_EDGE_PATCH_KV_BUDGET": "0",
                                                 "VLLM_EDGE_PATCH_ARENA_RELEASE": "0",
+                                                "VLLM_EDGE_PATCH_WEIGHT_HUGE_PAGES": "0",
                                                 "VLLM_EDGE_PATCH_GREEDY_SAMPLER": "0",
                                                 "VLLM_EDGE_PATCH_SLOT_MAPPING_BIND": "0"}),
     }
@@ -70,6 +71,20 @@ def test_arena_release_runs_in_the_worker_and_logs_rss(runs):
         assert r["allocator"] in ("glibc", "tcmalloc") and r["before_mb"] > 100
         assert r["after_mb"] <= r["before_mb"] + 1
     assert runs["unpatched"]["worker"]["arena_releases"] == []
+
+
+def test_weights_collapse_into_huge_pages_in_the_worker(runs):
+    """The patched worker collapsed part of the loaded weights (the tokens it then decodes equal
+    the unpatched arm's: test_both_arms_generate); the unpatched one never ran it."""
+    reports = runs["patched"]["worker"]["weight_huge_pages"]
+    assert runs["patched"]["worker"]["patches"]["weight_huge_pages"] == "applied"
+    assert len(reports) == 1
+    rep = reports[0]
+    if rep["state"] == "unsupported":
+        pytest.skip(f"this kernel cannot collapse anonymous memory: {rep['errors']}")
+    assert rep["weight_bytes"] > 50 << 20
+    assert rep["collapsed_bytes"] >= 2 << 20 and rep["collapsed_bytes"] <= rep["weight_bytes"]
+    assert runs["unpatched"]["worker"]["weight_huge_pages"] == []
 
 
 def test_both_arms_generate(runs):

@@ -94,6 +94,7 @@ def test_load_all_is_idempotent_and_states_never_change(monkeypatch):
     second = {p.name: p.state for p in patches.load_all()}
     assert first == second == {"aot_cache": State.APPLIED, "kv_budget": State.APPLIED,
                                "arena_release": State.APPLIED,
+                               "weight_huge_pages": State.APPLIED,
                                "hermes_json_end": State.APPLIED, "amx_attention": State.APPLIED,
                                "greedy_sampler": greedy, "slot_mapping_bind": State.APPLIED,
                                "pp_stage_buffer": State.APPLIED, "wna16_missing_op": State.APPLIED,

@@ -41,7 +41,7 @@ def test_vllm_loads_the_plugin_and_it_is_reentrant():
     # off unless switched on (the child inherits this environment): the shipped default
     greedy = "applied" if envs.get("VLLM_EDGE_PATCH_GREEDY_SAMPLER") else "disabled"
     assert out["first"] == {"aot_cache": "applied", "kv_budget": "applied", "arena_release": "applied",
-                            "hermes_json_end": "applied", "amx_attention": "applied",
+                            "weight_huge_pages": "applied", "hermes_json_end": "applied", "amx_attention": "applied",
                             "greedy_sampler": greedy, "slot_mapping_bind": "applied",
                             "pp_stage_buffer": "applied", "wna16_missing_op": "applied",
                             "tokenizer_build_lists": "applied",

@@ -71,6 +71,15 @@ _declare(
     "tests/test_levers_engine.py and benchmarks/results/: RssAnon of the worker before and after.",
 )
 _declare(
+    "VLLM_EDGE_PATCH_WEIGHT_HUGE_PAGES", "bool", True,
+    "After the worker's load_model, collapse the memory the model's weights cover into huge "
+    "pages with MADV_COLLAPSE (Linux 6.1 and later), so that decode does not stream them through "
+    "small pages, a TLB miss and a prefetcher stop each (patches/weight_huge_pages.py, "
+    "runtime/huge_pages.py).",
+    "tests/runtime/test_huge_pages.py: a tensor's pages become AnonHugePages and RssAnon does not "
+    "grow; benchmarks/results/grid/huge_pages/: decode with the switch on and off, interleaved.",
+)
+_declare(
     "VLLM_EDGE_PATCH_WNA16_MISSING_OP", "bool", True,
     "Make vLLM's CPU W4A16 kernel decline, with a reason, where its op is not built "
     "(patches/wna16_missing_op.py).",
@@ -289,6 +298,14 @@ _declare(
     "Gemma 3 file's same-file fidelity, both positions "
     "(benchmarks/results/fidelity_vs_llamacpp_gemma3-270m-q4_k_m_own-types_act8-*). Where the "
     "CPU lacks AVX512-VNNI it has no effect. docs/design/cpu-int4.md says where it is not measured.",
+)
+_declare(
+    "VLLM_EDGE_SCALE_PREFETCH", "int", 4,
+    "Groups ahead that the decode products (cpu_int4's AVX-512 and AVX2 ones, cpu_int8's packed "
+    "one) prefetch a weight block's scales and offsets, which sit one group's row apart and not "
+    "beside the codes; 0 turns the prefetch off. Read when a kernel library loads.",
+    "benchmarks/results/grid/scale_prefetch/: decode with 4 and 0, interleaved.",
+    minimum=0,
 )
 _declare(
     "VLLM_EDGE_LOWBIT_ACT8", "bool", True,

@@ -91,7 +91,7 @@ def process_report() -> dict:
 
     from vllm_edge import patches
     from vllm_edge.patches import aot_cache, greedy_sampler, slot_mapping_bind
-    from vllm_edge.runtime import memory, speculative_gate
+    from vllm_edge.runtime import huge_pages, memory, speculative_gate
 
     report = {
         "pid": os.getpid(),
@@ -99,6 +99,7 @@ def process_report() -> dict:
         "patches": patches.states(),
         "aot_noop_attached": list(aot_cache.attached),
         "arena_releases": [r.to_dict() for r in memory.history],
+        "weight_huge_pages": [r.to_dict() for r in huge_pages.history],
         # which route each step took; the per-step patches are otherwise invisible
         "greedy_sampler_steps": {"fast": greedy_sampler.fast_steps,
                                  "original": greedy_sampler.fallback_steps},

@@ -134,6 +134,30 @@ def test_every_width_takes_int8_activations_only_where_switched_on(m, planes, gr
 
 
 @needs_kernel
+@pytest.mark.parametrize("planes,group", [(1, 32), (2, 16), (4, 32)])
+def test_scale_prefetch_never_changes_a_result(planes, group):
+    """The scales and offsets prefetched some groups ahead (more than the layer has, too) or
+    not at all: the same bits, with either activation route."""
+    from vllm_edge.quant import native
+
+    q, s, z = codes(128, 192, group, planes, offsets=True)
+    p = lowbit.pack(q, s, z, group)
+    x = torch.randn(3, 192, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    lib = lowbit.library()
+    try:
+        for act8 in (False, True):
+            lowbit.set_act8(lib, act8)
+            outs = []
+            for ahead in (0, 1, 4, 64):
+                native.set_prefetch(lib, "edge_lowbit", ahead)
+                outs.append(lowbit.gemv(x, p.nibbles, p.high, p.scale, p.zero, group, planes))
+            assert all(torch.equal(outs[0], o) for o in outs[1:])
+    finally:
+        lowbit.set_act8(lib)
+        native.set_prefetch(lib, "edge_lowbit")
+
+
+@needs_kernel
 @pytest.mark.parametrize("planes", [1, 2, 4])
 def test_the_dequantizers_give_the_int8_values(planes):
     q, s, z = codes(128, 96, 16, planes)

@@ -425,3 +425,25 @@ def test_an_unwritable_kernel_cache_falls_back_instead_of_failing(tmp_path, monk
         assert native.library() is None
     finally:
         native.library.cache_clear()
+
+
+@pytest.mark.parametrize("n,k,group", [(960, 576, 32), (128, 64, 32), (576, 1536, 128)])
+def test_scale_prefetch_never_changes_a_result(gemv_lib, monkeypatch, n, k, group):
+    """The scales prefetched some groups ahead (more than a layer has, too) or not at all: the
+    same bits, with either activation route."""
+    p, sz, kg = packed_weights(n, k, group)[:3]
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    try:
+        for act8 in (False, True):
+            native.set_act8(gemv_lib, act8)
+            outs = []
+            for ahead in (0, 1, 4, 64):
+                assert native.set_prefetch(gemv_lib, "edge_int4", ahead) == ahead
+                outs.append(native.gemv(x, p, sz, kg))
+            assert all(torch.equal(outs[0], o) for o in outs[1:])
+        monkeypatch.setenv("VLLM_EDGE_SCALE_PREFETCH", "0")
+        assert native.set_prefetch(gemv_lib, "edge_int4") == 0
+    finally:
+        native.set_act8(gemv_lib)
+        monkeypatch.delenv("VLLM_EDGE_SCALE_PREFETCH")
+        native.set_prefetch(gemv_lib, "edge_int4")

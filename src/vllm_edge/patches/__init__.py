@@ -29,7 +29,8 @@ from vllm_edge import envs
 logger = logging.getLogger("vllm_edge.patches")
 
 # Patch modules, in application order.
-PATCH_MODULES: tuple[str, ...] = ("aot_cache", "kv_budget", "arena_release", "hermes_json_end",
+PATCH_MODULES: tuple[str, ...] = ("aot_cache", "kv_budget", "arena_release", "weight_huge_pages",
+                                  "hermes_json_end",
                                   "amx_attention", "greedy_sampler", "slot_mapping_bind",
                                   "pp_stage_buffer", "wna16_missing_op",
                                   "tokenizer_build_lists", "tokenizer_copies",

@@ -159,6 +159,7 @@ def library() -> ctypes.CDLL | None:
     for name in ("edge_lowbit_supported", "edge_lowbit_openmp"):
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, []
     set_act8(lib)
+    native.set_prefetch(lib, "edge_lowbit")
     return lib
 
 

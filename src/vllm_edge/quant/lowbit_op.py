@@ -58,7 +58,9 @@ def _probe(path: Path, fallback: Callable[..., torch.Tensor]) -> None:
     and for 8-bit ones, with the int8-activation switch set as the Python route's."""
     lib = lowbit.library()
     if lib is not None:
-        lowbit.set_act8(ctypes.CDLL(str(path)), bool(lib.edge_lowbit_act8()))
+        op_lib = ctypes.CDLL(str(path))
+        lowbit.set_act8(op_lib, bool(lib.edge_lowbit_act8()))
+        native.set_prefetch(op_lib, "edge_lowbit")
     gen = torch.Generator().manual_seed(0)
     for lo in (32, 128):
         q = torch.randint(-lo, lo, (128, 64), dtype=torch.int16, generator=gen).to(torch.int8)

@@ -163,6 +163,7 @@ def library() -> ctypes.CDLL | None:
             getattr(lib, name).restype = ctypes.c_int
             getattr(lib, name).argtypes = []
         set_act8(lib)
+        set_prefetch(lib, "edge_int4")
         return lib
     logger.warning("cpu_int4: building %s failed (%s); small batches run on tinygemm and "
                    "multi-row batches dequantize with torch ops (correct, slower)",
@@ -177,6 +178,18 @@ def set_act8(lib: ctypes.CDLL, on: bool | None = None) -> bool:
     from vllm_edge import envs
 
     return act8_switch(lib, "edge_int4", envs.get("VLLM_EDGE_INT4_ACT8") if on is None else on)
+
+
+def set_prefetch(lib: ctypes.CDLL, prefix: str, ahead: int | None = None) -> int:
+    """Set how many groups ahead a kernel library's decode product prefetches the scales
+    (``<prefix>_set_prefetch``): ``ahead``, else ``VLLM_EDGE_SCALE_PREFETCH``. Returns it."""
+    from vllm_edge import envs
+
+    ahead = int(envs.get("VLLM_EDGE_SCALE_PREFETCH") if ahead is None else ahead)
+    setter = getattr(lib, f"{prefix}_set_prefetch")
+    setter.restype, setter.argtypes = None, [ctypes.c_int]
+    setter(ahead)
+    return ahead
 
 
 def act8_switch(lib: ctypes.CDLL, prefix: str, want: bool) -> bool:
@@ -232,6 +245,7 @@ def library32() -> ctypes.CDLL | None:
     for name in ("edge_int4_gemv32_supported", "edge_int4_gemv32_openmp"):
         getattr(lib, name).restype = ctypes.c_int
         getattr(lib, name).argtypes = []
+    set_prefetch(lib, "edge_int4_gemv32")
     return lib
 
 

@@ -133,7 +133,9 @@ def _probe(path: Path) -> None:
     kernel's; raises otherwise."""
     lib = native.library()
     if lib is not None:
-        native.set_act8(ctypes.CDLL(str(path)), bool(lib.edge_int4_act8()))
+        op_lib = ctypes.CDLL(str(path))
+        native.set_act8(op_lib, bool(lib.edge_int4_act8()))
+        native.set_prefetch(op_lib, "edge_int4")
     gen = torch.Generator().manual_seed(0)
     packed = torch.randint(0, 256, (128, 64), dtype=torch.uint8, generator=gen)
     sz = torch.randn(4, 128, 2, generator=gen).to(torch.bfloat16)

@@ -34,6 +34,12 @@
 #include <string.h>
 
 #include "edge_bf16.h"
+
+/* groups ahead (0: no prefetch); set once at load (envs VLLM_EDGE_SCALE_PREFETCH), never
+   while a product runs */
+static int64_t edge_sz_ahead = 4;
+
+void edge_int4_set_prefetch(int groups_ahead) { edge_sz_ahead = groups_ahead < 0 ? 0 : groups_ahead; }
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -74,6 +80,17 @@ int edge_int4_gemv_supported(void) {
 }
 
 #ifdef EDGE_GEMV
+/* A block's scales are not next to its codes: group g of rows b*64.. sits at (g*N + b*64)*2,
+   one 256-byte run every N*4 bytes, a stride the hardware prefetchers lose at page bounds.
+   Fetched edge_sz_ahead groups early, they arrive with the codes. */
+#define EDGE_SZ_PREFETCH(sz, gg, groups, n, b)                                            \
+  do {                                                                                    \
+    if (edge_sz_ahead && (gg) < (groups)) {                                                                \
+      const char* pf_ = (const char*)((sz) + ((gg) * (n) + (b) * 64) * 2);                \
+      _mm_prefetch(pf_, _MM_HINT_T0); _mm_prefetch(pf_ + 64, _MM_HINT_T0);               \
+      _mm_prefetch(pf_ + 128, _MM_HINT_T0); _mm_prefetch(pf_ + 192, _MM_HINT_T0);        \
+    }                                                                                     \
+  } while (0)
 /* sum of kg (a multiple of 32) bf16 values, in fp32 */
 static inline float group_sum(const uint16_t* v, int64_t kg) {
   __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
@@ -98,6 +115,7 @@ static inline __attribute__((always_inline)) void gemv_block_m(
   for (int m = 0; m < M; m++)
     for (int i = 0; i < 4; i++) out[m][i] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; g++) {
+    EDGE_SZ_PREFETCH(sz, g + edge_sz_ahead, groups, n, b);
     __m512 acc[GEMV_MAX_M][4];
     for (int m = 0; m < M; m++)
       for (int i = 0; i < 4; i++) acc[m][i] = _mm512_setzero_ps();
@@ -138,6 +156,7 @@ static inline __attribute__((always_inline)) void act8_block_m(
   float out[GEMV_MAX_M * 64] __attribute__((aligned(64)));
   for (int j = 0; j < M * 64; j += 16) _mm512_store_ps(out + j, _mm512_setzero_ps());
   for (int64_t g = 0; g < groups; g++) {
+    EDGE_SZ_PREFETCH(sz, g + edge_sz_ahead, groups, n, b);
     __m512i acc[GEMV_MAX_M][4];
     for (int m = 0; m < M; m++)
       for (int i = 0; i < 4; i++) acc[m][i] = _mm512_setzero_si512();

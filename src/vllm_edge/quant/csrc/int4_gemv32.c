@@ -21,6 +21,12 @@
 #include <string.h>
 
 #include "edge_bf16.h"
+
+/* groups ahead (0: no prefetch); set once at load (envs VLLM_EDGE_SCALE_PREFETCH), never
+   while a product runs */
+static int64_t gemv32_sz_ahead = 4;
+
+void edge_int4_gemv32_set_prefetch(int groups_ahead) { gemv32_sz_ahead = groups_ahead < 0 ? 0 : groups_ahead; }
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -77,6 +83,17 @@ static inline void store_bf16(const __m256 out[4], uint16_t* y) {
   for (int r = 0; r < 32; r++) y[r] = edge_f2bf(tmp[r]);
 }
 
+/* A block's scales are not next to its codes: group g of rows b*32.. sits at (g*N + b*32)*2,
+   one 128-byte run every N*4 bytes, a stride the hardware prefetchers lose at page bounds.
+   Fetched gemv32_sz_ahead groups early, they arrive with the codes. */
+#define GEMV32_SZ_PREFETCH(sz, gg, groups, n, b)                                          \
+  do {                                                                                    \
+    if (gemv32_sz_ahead && (gg) < (groups)) {                                                                \
+      const char* pf_ = (const char*)((sz) + ((gg) * (n) + (b) * 32) * 2);                \
+      _mm_prefetch(pf_, _MM_HINT_T0); _mm_prefetch(pf_ + 64, _MM_HINT_T0);               \
+    }                                                                                     \
+  } while (0)
+
 /* Block b (32 output rows) for one row of X (xf in fp32, sx its group sums): each k-step
    widened in registers. Even and odd k-steps feed separate accumulators, so the FMA
    latency is not the bound. */
@@ -87,6 +104,7 @@ static void gemv32_block_1(const uint8_t* packed, const uint16_t* sz, const floa
   __m256 out[4];
   for (int i = 0; i < 4; i++) out[i] = _mm256_setzero_ps();
   for (int64_t g = 0; g < k / kg; g++) {
+    GEMV32_SZ_PREFETCH(sz, g + gemv32_sz_ahead, k / kg, n, b);
     __m256 e[4], o[4];
     for (int i = 0; i < 4; i++) e[i] = o[i] = _mm256_setzero_ps();
     for (int64_t kk = g * kg; kk < (g + 1) * kg; kk += 2) {
@@ -121,6 +139,7 @@ static void gemv32_block_tile(const uint8_t* packed, const uint16_t* sz, const f
   const uint8_t* pb = packed + b * k * 16;
   for (int64_t m = 0; m < 4 * M; m++) outs[m] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; g++) {
+    GEMV32_SZ_PREFETCH(sz, g + gemv32_sz_ahead, groups, n, b);
     for (int64_t kk = 0; kk < kg; kk++) {
       __m256 w0, w1, w2, w3;
       EDGE_WIDEN(_mm_loadu_si128((const __m128i*)(pb + (g * kg + kk) * 16)), w0, w1, w2, w3);

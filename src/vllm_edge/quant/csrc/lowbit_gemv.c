@@ -48,6 +48,12 @@
 
 #include "edge_bf16.h"
 
+/* groups ahead (0: no prefetch); set once at load (envs VLLM_EDGE_SCALE_PREFETCH), never
+   while a product runs */
+static int64_t lowbit_sz_ahead = 4;
+
+void edge_lowbit_set_prefetch(int groups_ahead) { lowbit_sz_ahead = groups_ahead < 0 ? 0 : groups_ahead; }
+
 #if defined(__AVX512BF16__) && defined(__AVX512VBMI__) && defined(__AVX512BW__) && defined(__BMI2__)
 #define EDGE_LOWBIT 1
 #endif
@@ -142,6 +148,21 @@ static inline __attribute__((always_inline)) void lowbit_words(const uint8_t* pb
       a[i] = _mm512_mask_add_epi16(a[i], _cvtu32_mask32((uint32_t)_pext_u64(hm[4 + i], half)), a[i], add32);
 }
 
+/* A block's fp16 scales and offsets are not next to its codes: group g of rows b*64.. sits
+   at g*N + b*64, one 128-byte run every N*2 bytes, a stride the hardware prefetchers lose at
+   page bounds (int4_gemv.c's twin). Fetched lowbit_sz_ahead groups early. */
+#define LOWBIT_SZ_PREFETCH(s, z, gg, groups, n, b)                                        \
+  do {                                                                                    \
+    if (lowbit_sz_ahead && (gg) < (groups)) {                                                                \
+      const char* ps_ = (const char*)((s) + (gg) * (n) + (b) * 64);                       \
+      _mm_prefetch(ps_, _MM_HINT_T0); _mm_prefetch(ps_ + 64, _MM_HINT_T0);               \
+      if (z) {                                                                            \
+        const char* pz_ = (const char*)((z) + (gg) * (n) + (b) * 64);                     \
+        _mm_prefetch(pz_, _MM_HINT_T0); _mm_prefetch(pz_ + 64, _MM_HINT_T0);             \
+      }                                                                                   \
+    }                                                                                     \
+  } while (0)
+
 /* rows 16i..16i+15 of block b in group g: the fp32 scales and c = z - base * s */
 static inline void lowbit_scales(const uint16_t* s, const uint16_t* z, int64_t n, int64_t g, int64_t b, int i,
                                  float base, __m512* sc, __m512* c) {
@@ -164,6 +185,7 @@ static inline __attribute__((always_inline)) void lowbit_block_m(
   for (int m = 0; m < M; m++)
     for (int i = 0; i < 4; i++) out[m][i] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; g++) {
+    LOWBIT_SZ_PREFETCH(s, z, g + lowbit_sz_ahead, groups, n, b);
     __m512 acc[LOWBIT_MAX_M][4];
     for (int m = 0; m < M; m++)
       for (int i = 0; i < 4; i++) acc[m][i] = _mm512_setzero_ps();
@@ -209,6 +231,7 @@ static inline __attribute__((always_inline)) void act8_block_m(
   float out[LOWBIT_MAX_M * 64] __attribute__((aligned(64)));
   for (int j = 0; j < M * 64; j += 16) _mm512_store_ps(out + j, _mm512_setzero_ps());
   for (int64_t g = 0; g < groups; g++) {
+    LOWBIT_SZ_PREFETCH(s, z, g + lowbit_sz_ahead, groups, n, b);
     __m512i acc[LOWBIT_MAX_M][4];
     for (int m = 0; m < M; m++)
       for (int i = 0; i < 4; i++) acc[m][i] = _mm512_setzero_si512();

@@ -63,13 +63,29 @@ def test_a_buffer_in_the_cache_is_refused_without_the_flag(tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
-def _artifact(tmp_path, cores, in_cache=False, ceiling=20.0, name="bw.json"):
+def _artifact(tmp_path, cores, in_cache=False, ceiling=20.0, name="bw.json", cpu=None):
+    """A bandwidth result measured on ``cores`` of this machine (or of the ``cpu`` given)."""
+    from vllm_edge.common import provenance
+
     p = tmp_path / name
+    p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps({"benchmark": "bandwidth", "cores": cores, "threads": len(cores),
                              "in_cache": in_cache, "ceiling_gb_per_s": None if in_cache else ceiling,
                              "median_gb_per_s": ceiling * 0.9, "buffer_bytes": 1 << 29,
-                             "provenance": {"timestamp": "t", "loadavg": [0.1, 0.1, 0.1]}}))
+                             "provenance": {"timestamp": "t", "loadavg": [0.1, 0.1, 0.1],
+                                            "cpu": cpu or provenance.collect()["cpu"],
+                                            "core_set": cores}}))
     return p
+
+
+def test_another_hosts_ceiling_is_refused(tmp_path):
+    other = {"model": "Some Other CPU 9999", "arch": "x86_64", "isa": {"avx2": True}}
+    p = _artifact(tmp_path, [0, 1], cpu=other)
+    with pytest.raises(bw.BandwidthError, match="measured on Some Other CPU 9999, AVX2, 2 cores, this run is on"):
+        bw.load_ceiling(p, [0, 1])
+    # the default file is this host's own
+    assert bw.default_out([0, 1]).startswith(bw.DEFAULT_DIR + "/")
+    assert bw.default_out([0, 1]) != bw.default_out([0])
 
 
 def test_load_ceiling_checks_the_cores_and_the_cache(tmp_path):
@@ -93,10 +109,10 @@ def test_speed_resolves_the_ceiling(tmp_path, monkeypatch):
     # auto with nothing measured: no ceiling, and the reason says why (the run goes on)
     auto = speed.resolve_ceiling("auto", [0, 1])
     assert auto["ceiling_gb_per_s"] is None and "no bandwidth result" in auto["reason"]
-    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
-    _artifact(tmp_path / "benchmarks" / "results", [0, 1], name="bandwidth.json")
+    _artifact(tmp_path, [0, 1], name=bw.default_out([0, 1]))
     assert speed.resolve_ceiling("auto", [0, 1])["ceiling_gb_per_s"] == 20.0
-    assert "this run uses [0]" in speed.resolve_ceiling("auto", [0])["reason"]
+    # one core is another host label (its core count), so its own file, not measured yet
+    assert "no bandwidth result" in speed.resolve_ceiling("auto", [0])["reason"]
     # an explicit file that does not fit is an error before any engine starts
     with pytest.raises(speed.SpeedArgError, match="--bandwidth .*this run uses"):
         speed.resolve_ceiling(str(_artifact(tmp_path, [3])), [0, 1])

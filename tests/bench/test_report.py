@@ -193,7 +193,8 @@ def default_results(tmp_path):
     (d / "bandwidth.json").write_text(json.dumps({
         "benchmark": "bandwidth", "build": "read bandwidth (2 threads)", "cores": [0, 1],
         "buffer_bytes": 512 << 20, "buffer_over_llc": 16.0, "ceiling_gb_per_s": 20.0,
-        "metrics": {"read_gb_per_s": summarize([18.0, 20.0, 19.0], "read_gb_per_s")}}))
+        "metrics": {"read_gb_per_s": summarize([18.0, 20.0, 19.0], "read_gb_per_s")},
+        "provenance": CLEAN}))
     return d
 
 
@@ -231,3 +232,16 @@ def test_headline_says_what_is_missing(tmp_path):
     text = doc.read_text()
     assert "No 4-bit `bench speed` artifact of the default model yet" in text
     assert "No bandwidth artifacts yet" in text
+
+
+def test_a_ceiling_no_bandwidth_artifact_of_the_host_holds_is_not_a_share(default_results, tmp_path):
+    """A speed run that took its ceiling from another machine (before ceilings were kept per
+    host) shows its bytes and GB/s, but no share of a ceiling this host never measured."""
+    (default_results / "bandwidth.json").unlink()
+    doc = tmp_path / "results.md"
+    report.report(default_results, doc)
+    text = doc.read_text()
+    head = text.split("## Default model: bf16 against the best 4-bit path")[1].split("\n## ")[0]
+    assert "| tg8_tps: % of ceiling | – | – |" in head
+    traffic = text.split("### Bytes per decoded token")[1].split("\n## ")[0]
+    assert "another host's ceiling" in traffic and "56.6%" not in traffic

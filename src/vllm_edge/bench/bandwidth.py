@@ -11,6 +11,10 @@ contention only ever lowers a pass, so the best one is the closest to the hardwa
 A buffer that fits a few times into the LLC would measure the cache, not memory: it is
 refused unless ``--allow-in-cache``, and such a result is marked ``in_cache`` and never
 used as a ceiling.
+
+Each host has its own artifact (``benchmarks/results/bandwidth/<host>.json``), and a ceiling
+is only ever set against runs on the host that measured it: another machine's bandwidth would
+make a share of the ceiling that means nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any, Callable
 from vllm_edge.common import stats
 from vllm_edge.common.errors import EdgeError
 
-DEFAULT_OUT = "benchmarks/results/bandwidth.json"
+DEFAULT_DIR = "benchmarks/results/bandwidth"
 METRIC = "read_gb_per_s"
 MIN_LLC_MULTIPLE = 8       # buffer / LLC below this measures the cache
 DEFAULT_LLC_MULTIPLE = 16
@@ -35,6 +39,20 @@ GB = 1e9                   # bandwidth in decimal GB/s, as vendors quote it
 
 class BandwidthError(EdgeError, ValueError):
     """Bad arguments or an unusable bandwidth artifact."""
+
+
+def host_label(cores: list[int]) -> str:
+    """This machine as provenance names it for a run on ``cores``."""
+    from vllm_edge.common import provenance
+
+    return provenance.host({**provenance.collect(), "core_set": list(cores)}) or "unknown host"
+
+
+def default_out(cores: list[int]) -> str:
+    """This host's artifact: one file per host, so a run never replaces another host's."""
+    import re
+
+    return f"{DEFAULT_DIR}/{re.sub(r'[^a-z0-9]+', '-', host_label(cores).lower()).strip('-')}.json"
 
 
 def llc_bytes(cache_kib: dict[str, int]) -> int | None:
@@ -154,6 +172,11 @@ def load_ceiling(path: str | os.PathLike, cores: list[int]) -> dict:
         raise BandwidthError(f"{p}: its buffer fit in the cache; it is not a memory ceiling")
     if sorted(data.get("cores") or []) != sorted(cores):
         raise BandwidthError(f"{p}: measured on cores {data.get('cores')}, this run uses {sorted(cores)}")
+    from vllm_edge.common import provenance
+
+    measured_on, here = provenance.host(data.get("provenance")), host_label(cores)
+    if measured_on != here:
+        raise BandwidthError(f"{p}: measured on {measured_on or 'an unrecorded host'}, this run is on {here}")
     return {"source": str(p), "ceiling_gb_per_s": data["ceiling_gb_per_s"],
             "median_gb_per_s": data.get("median_gb_per_s"), "threads": data.get("threads"),
             "cores": data.get("cores"), "buffer_bytes": data.get("buffer_bytes"),

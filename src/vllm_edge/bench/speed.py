@@ -59,7 +59,7 @@ class SpeedConfig:
     dtype: str = "bfloat16"
     max_model_len: int | None = None
     warmup: bool = True
-    # the read-bandwidth ceiling: "auto" (benchmarks/results/bandwidth.json if it was
+    # the read-bandwidth ceiling: "auto" (this host's benchmarks/results/bandwidth/ file if it was
     # measured on the same cores), "measure" (a `vllm-edge bandwidth` child first),
     # "off", or a path to a bandwidth result
     bandwidth: str = "auto"
@@ -355,7 +355,7 @@ def resolve_ceiling(spec: str, cores: list[int] | None,
         cores = sorted(os.sched_getaffinity(0))
     if spec == "auto":
         try:
-            return bw.load_ceiling(bw.DEFAULT_OUT, cores)
+            return bw.load_ceiling(bw.default_out(cores), cores)
         except bw.BandwidthError as exc:
             log(f"no bandwidth ceiling: {exc}")
             return {"ceiling_gb_per_s": None, "reason": str(exc)}

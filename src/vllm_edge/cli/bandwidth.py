@@ -27,7 +27,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="passes per kernel (default %(default)s)")
     p.add_argument("--allow-in-cache", action="store_true",
                    help=f"accept a buffer under {bw.MIN_LLC_MULTIPLE}x the LLC (a test run; not a ceiling)")
-    add_out(p, default=bw.DEFAULT_OUT, help="result JSON (default %(default)s; '' for none)")
+    add_out(p, default=None, help=f"result JSON (default {bw.DEFAULT_DIR}/<host>.json; '' for none)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
         raise bw.BandwidthError("--reps must be at least 1")
     if args.buffer_mib is not None and args.buffer_mib < 1:
         raise bw.BandwidthError("--buffer-mib must be at least 1")
+    if args.out is None:
+        args.out = bw.default_out(cores)
     pinned = pinning.pin(cores)
     result = bw.run(buffer_bytes=args.buffer_mib << 20 if args.buffer_mib else None, reps=args.reps,
                     pinning=pinned, allow_in_cache=args.allow_in_cache, out=args.out)

@@ -15,7 +15,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from vllm_edge.bench import compare
 from vllm_edge.bench.render import (
@@ -136,7 +136,8 @@ def _cell(s: dict | None) -> str:
 
 # --- the document ------------------------------------------------------------
 
-def _headline(speed: list[Artifact], fid: list[Artifact]) -> list[str]:
+def _headline(speed: list[Artifact], fid: list[Artifact],
+              own_ceiling: Callable[[Artifact], bool] = lambda a: True) -> list[str]:
     """The default model's bf16 build against its fastest 4-bit build (vLLM only: each
     engine's quantized build is compared with its own bf16 build)."""
     lines = ["## Default model: bf16 against the best 4-bit path", ""]
@@ -180,6 +181,8 @@ def _headline(speed: list[Artifact], fid: list[Artifact]) -> list[str]:
                                    ("gb_per_s_effective", "GB/s effective", lambda v: fmt(v)),
                                    ("pct_of_ceiling", "% of ceiling", _pct)):
             a_, b_ = tb[k].get(field), tq[k].get(field)
+            if field == "pct_of_ceiling":  # another host's ceiling is no share of this one's
+                a_, b_ = (a_ if own_ceiling(base) else None), (b_ if own_ceiling(best) else None)
             ratio = f"{b_ / a_:.2f}×" if a_ and b_ is not None else None
             rows.append([f"{k}: {label}", show(a_), show(b_), ratio, flag_cell(["derived"], audit)])
     fb = _fidelity_for(_model_name(best), [a for a in fid if a.host == base.host])
@@ -218,8 +221,17 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
     mem = [a for a in arts if isinstance(a.data.get("memory_phases"), dict) and a.data["memory_phases"]]
     bws = [a for a in arts if a.kind == "bandwidth" and isinstance(a.data.get("metrics"), dict)]
     used = set(map(id, speed + fid + mem + bws))
+    # a ceiling counts only where this host measured it: runs made before ceilings were kept
+    # per host may carry another machine's
+    own_ceilings: dict[str | None, set] = {}
+    for b in bws:
+        own_ceilings.setdefault(b.host, set()).add(b.data.get("ceiling_gb_per_s"))
 
-    lines += _headline(speed, fid)
+    def own_ceiling(a: Artifact) -> bool:
+        ceiling = (a.data.get("bandwidth") or {}).get("ceiling_gb_per_s")
+        return ceiling is None or ceiling in own_ceilings.get(a.host, set())
+
+    lines += _headline(speed, fid, own_ceiling)
 
     def plot(kind: str, group: list[Artifact], n: int, draw) -> str:
         """One plot per host: the first host keeps the plain name, the next ones a suffix."""
@@ -271,10 +283,12 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
                 acc = a.data.get("bytes_per_token") or {}
                 bpw = (acc.get("bits_per_weight") or {}).get("linears_and_head")
                 ceiling = (a.data.get("bandwidth") or {}).get("ceiling_gb_per_s")
+                own = own_ceiling(a)
                 for k, t in a.data["traffic"].items():
+                    pct = _pct(t.get("pct_of_ceiling")) if own else "– (another host's ceiling)"
                     rows.append([a.build, k, _mb(t["weight_bytes"]), _mb(t["kv_bytes"]), t["context_tokens"],
                                  _mb(t["bytes_per_token"]), bpw, "yes" if acc.get("head_tied") else "no",
-                                 t["gb_per_s_effective"], ceiling, _pct(t.get("pct_of_ceiling")),
+                                 t["gb_per_s_effective"], ceiling if own else None, pct,
                                  flag_cell(a.flags()), f"`{a.source}`"])
                     hosts.append(a.host)
             lines += host_table(host, ["build", "metric", "weights (MB)", "KV (MB)", "context",

@@ -54,7 +54,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     add_group(p, help="group size for --quant")
     p.add_argument("--bandwidth", default="auto", metavar="auto|measure|off|FILE",
                    help="read-bandwidth ceiling for pct_of_ceiling: auto = "
-                        "benchmarks/results/bandwidth.json when measured on the same cores (else "
+                        "this host's benchmarks/results/bandwidth/<host>.json when measured on the same "
+                        "cores (else "
                         "none, with the reason), measure = run `vllm-edge bandwidth` first, "
                         "or a bandwidth result file (default %(default)s)")
     p.add_argument("--image-px", type=int, default=None, metavar="PX",

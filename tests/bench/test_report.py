@@ -245,3 +245,15 @@ def test_a_ceiling_no_bandwidth_artifact_of_the_host_holds_is_not_a_share(defaul
     assert "| tg8_tps: % of ceiling | – | – |" in head
     traffic = text.split("### Bytes per decoded token")[1].split("\n## ")[0]
     assert "another host's ceiling" in traffic and "56.6%" not in traffic
+
+
+def test_per_host_bandwidth_files_are_read(default_results, tmp_path):
+    """A bandwidth result kept in bandwidth/<host>.json is this host's ceiling as a top-level
+    file was: the share of it is shown, and the file named."""
+    (default_results / "bandwidth").mkdir()
+    (default_results / "bandwidth.json").rename(default_results / "bandwidth" / "amd-epyc-avx2-2-cores.json")
+    doc = tmp_path / "results.md"
+    report.report(default_results, doc)
+    text = doc.read_text()
+    assert "bandwidth/amd-epyc-avx2-2-cores.json" in text.split("## Read bandwidth")[1]
+    assert "56.6%" in text.split("### Bytes per decoded token")[1]

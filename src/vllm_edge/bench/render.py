@@ -88,6 +88,9 @@ def flag_cell(*groups: list[str] | None) -> str:
     return "; ".join(out) or "–"
 
 
+HOST_FOLDERS = ("bandwidth", "scale_prefetch")
+
+
 def load_artifacts(results_dir: str | os.PathLike, display: str | None = None) -> tuple[list[Artifact], list[str]]:
     """Artifacts in file-name order, plus ``file: reason`` for files that could not be read."""
     rdir = Path(results_dir)
@@ -95,8 +98,10 @@ def load_artifacts(results_dir: str | os.PathLike, display: str | None = None) -
     arts: list[Artifact] = []
     skipped: list[str] = []
     files = sorted(p for p in rdir.glob("*") if p.suffix in (".json", ".jsonl") and p.is_file())
+    # benches that keep one file per host in a folder of their own
+    files += sorted(p for d in HOST_FOLDERS for p in (rdir / d).glob("*.json") if p.is_file())
     for f in files:
-        name = f"{shown}/{f.name}"
+        name = f"{shown}/{f.relative_to(rdir).as_posix()}"
         try:
             if f.suffix == ".json":
                 obj = json.loads(f.read_text())

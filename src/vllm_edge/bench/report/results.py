@@ -297,6 +297,31 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
                                 rows, hosts)
             lines += ["", source_line(group), ""]
 
+    prefetch = [a for a in arts if a.data.get("benchmark") == "scale_prefetch_micro"
+                and isinstance(a.data.get("results"), list)]
+    if prefetch:
+        lines += ["## Scale prefetch, the product alone", "",
+                  "`vllm-edge bench scale-prefetch`: the int4 decode product over a model's worth of "
+                  "layers, one row, each prefetch distance paired round by round with none in one "
+                  "process; the speed-up is the median over rounds of the round's own ratio.", ""]
+        for host, group in by_host(prefetch):
+            rows = []
+            for a in group:
+                for r in a.data["results"]:
+                    for d, sp in (r.get("speedup_vs_0") or {}).items():
+                        gb = (r.get("gb_per_s") or {})
+                        rows.append([r.get("set"), r.get("activations"), d,
+                                     (gb.get("0") or {}).get("median"), (gb.get(d) or {}).get("median"),
+                                     f"{sp['median']:.3f}× ({sp['q1']:.3f}–{sp['q3']:.3f})",
+                                     f"{sp['rounds_faster']}/{sp['rounds']}", flag_cell(a.flags()),
+                                     f"`{a.source}`"])
+            lines += host_table(host, ["layers of", "activations", "groups ahead", "GB/s without",
+                                       "GB/s with", "speed-up (quartiles)", "rounds faster", "flags",
+                                       "artifact"], rows, [a.host for a in group for r in a.data["results"]
+                                                           for _ in (r.get("speedup_vs_0") or {})])
+            lines += ["", source_line(group), ""]
+        used.update(map(id, prefetch))
+
     lines += ["## Read bandwidth", ""]
     if bws:
         for host, group in by_host(bws):

@@ -22,6 +22,7 @@ import time
 from typing import Callable
 
 from vllm_edge.common import stats
+from vllm_edge.common.errors import EdgeError
 
 # (rows N, columns K) of every linear of one layer, and the layer count; the head is left out
 SETS = {
@@ -32,7 +33,7 @@ DEFAULT_AHEAD = (0, 2, 4)
 GROUP = 32
 
 
-class ScaleStreamError(ValueError):
+class ScaleStreamError(EdgeError, ValueError):
     """Bad arguments, or no native product on this CPU."""
 
 

@@ -41,18 +41,11 @@ class BandwidthError(EdgeError, ValueError):
     """Bad arguments or an unusable bandwidth artifact."""
 
 
-def host_label(cores: list[int]) -> str:
-    """This machine as provenance names it for a run on ``cores``."""
-    from vllm_edge.common import provenance
-
-    return provenance.host({**provenance.collect(), "core_set": list(cores)}) or "unknown host"
-
-
 def default_out(cores: list[int]) -> str:
     """This host's artifact: one file per host, so a run never replaces another host's."""
-    import re
+    from vllm_edge.common import provenance
 
-    return f"{DEFAULT_DIR}/{re.sub(r'[^a-z0-9]+', '-', host_label(cores).lower()).strip('-')}.json"
+    return f"{DEFAULT_DIR}/{provenance.host_slug(provenance.this_host(cores))}.json"
 
 
 def llc_bytes(cache_kib: dict[str, int]) -> int | None:
@@ -174,7 +167,7 @@ def load_ceiling(path: str | os.PathLike, cores: list[int]) -> dict:
         raise BandwidthError(f"{p}: measured on cores {data.get('cores')}, this run uses {sorted(cores)}")
     from vllm_edge.common import provenance
 
-    measured_on, here = provenance.host(data.get("provenance")), host_label(cores)
+    measured_on, here = provenance.host(data.get("provenance")), provenance.this_host(cores)
     if measured_on != here:
         raise BandwidthError(f"{p}: measured on {measured_on or 'an unrecorded host'}, this run is on {here}")
     return {"source": str(p), "ceiling_gb_per_s": data["ceiling_gb_per_s"],

@@ -110,20 +110,18 @@ def user_doc(title: str) -> str:
             f"compare`: do not edit (`--render-only` redraws it from the artifacts).\n\n{BEGIN}\n{END}\n")
 
 
+# where a host's directory is named and how provenance names this machine: one place,
+# common/provenance.py, that bench modules below this one use too
 def host_slug(host: str) -> str:
-    """A host's directory name: its CPU model, ISA and cores as provenance names them."""
-    import re
+    from vllm_edge.common import provenance
 
-    return re.sub(r"[^a-z0-9]+", "-", host.lower()).strip("-")
+    return provenance.host_slug(host)
 
 
 def this_host(cores: list[int] | None = None) -> str:
-    """This machine as provenance will name it for a run on ``cores`` (default: the cores this
-    process may run on)."""
     from vllm_edge.common import provenance
 
-    cores = sorted(os.sched_getaffinity(0)) if cores is None else cores
-    return provenance.host({**provenance.collect(), "core_set": list(cores)}) or "unknown host"
+    return provenance.this_host(cores)
 
 
 def host_artifact(folder: str | Path, suffix: str = ".json") -> Path:

@@ -201,6 +201,18 @@ def host(prov: dict | None) -> str | None:
     return ", ".join(parts)
 
 
+def host_slug(host: str) -> str:
+    """A host's directory name: its CPU model, ISA and cores as provenance names them."""
+    return re.sub(r"[^a-z0-9]+", "-", host.lower()).strip("-")
+
+
+def this_host(cores: list[int] | None = None) -> str:
+    """This machine as provenance will name it for a run on ``cores`` (default: the cores this
+    process may run on)."""
+    cores = sorted(os.sched_getaffinity(0)) if cores is None else cores
+    return host({**collect(), "core_set": list(cores)}) or "unknown host"
+
+
 def commit_flags(prov: dict | None) -> list[str]:
     """``dirty tree`` when the code measured had uncommitted changes, ``unknown commit`` when
     no commit was recorded: either way no commit reproduces the figure."""

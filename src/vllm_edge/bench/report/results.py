@@ -305,7 +305,7 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
                   "layers, one row, each prefetch distance paired round by round with none in one "
                   "process; the speed-up is the median over rounds of the round's own ratio.", ""]
         for host, group in by_host(prefetch):
-            rows = []
+            rows, hosts = [], []
             for a in group:
                 for r in a.data["results"]:
                     for d, sp in (r.get("speedup_vs_0") or {}).items():
@@ -315,10 +315,10 @@ def render(arts: list[Artifact], skipped: list[str], plots_dir: Path, doc_path: 
                                      f"{sp['median']:.3f}× ({sp['q1']:.3f}–{sp['q3']:.3f})",
                                      f"{sp['rounds_faster']}/{sp['rounds']}", flag_cell(a.flags()),
                                      f"`{a.source}`"])
+                        hosts.append(a.host)
             lines += host_table(host, ["layers of", "activations", "groups ahead", "GB/s without",
                                        "GB/s with", "speed-up (quartiles)", "rounds faster", "flags",
-                                       "artifact"], rows, [a.host for a in group for r in a.data["results"]
-                                                           for _ in (r.get("speedup_vs_0") or {})])
+                                       "artifact"], rows, hosts)
             lines += ["", source_line(group), ""]
         used.update(map(id, prefetch))
 

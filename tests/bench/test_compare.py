@@ -304,6 +304,56 @@ def test_a_file_our_exporter_does_not_write_is_compared_on_the_file_alone(tmp_pa
     assert "llamacpp-BF16" in llama and "llamacpp-Q4_K_M" in llama
 
 
+def test_a_gguf_file_is_also_scored_against_llama_cpp_on_the_file_itself(tmp_path, monkeypatch):
+    """The same-file row: llama.cpp on the file saves the reference before vLLM's repack is scored
+    against it, for a Llama file beside the bf16 rows, and as the only rows for another family."""
+    from support.checkpoints import tiny_llama_gguf
+
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path / "home"))
+    for arch in ("llama", "qwen2"):
+        b = compare.builds(str(tiny_llama_gguf(tmp_path / f"{arch}.gguf", arch=arch)))
+        spec = compare.fidelity_spec(b, ref_dir=tmp_path / "ref", out_dir=tmp_path / "fid", threads=2,
+                                     greedy_tokens=16, chunks=2)
+        arms = {a["name"]: a["cmd"] for a in spec["arms"]}
+        names = list(arms)
+        assert names.index(compare.SAME_REF_ARM) == names.index(compare.SAME_ARM) - 1
+        ref, cand = arms[compare.SAME_REF_ARM], arms[compare.SAME_ARM]
+        assert _flag(ref, "--engine") == "llama.cpp" and _flag(ref, "--model") == str(b[compare.FILE_ARM])
+        assert _flag(ref, "--save-ref") == _flag(cand, "--ref") != str(tmp_path / "ref")
+        assert _flag(ref, "--tokenizer") == _flag(cand, "--model") == str(b["vllm-cpu_int4"])
+        assert "--enforce-eager" not in ref  # llama.cpp refuses vLLM's flags
+        assert _flag(cand, "--out") == str(tmp_path / "fid" / compare.fidelity_file(compare.SAME_ARM))
+        assert _flag(ref, "--corpus-chunks") == _flag(cand, "--corpus-chunks") == "2"
+        assert ("llamacpp-Q4_K_M" in arms) == (arch == "llama")
+        assert compare.REFERENCES[compare.SAME_ARM] == compare.FILE_ARM
+        grid.load_spec(spec)
+        # --arms: the pairs the selected arms make, and nothing that needs an arm left out
+        sub = compare.select(b, ["vllm-cpu_int4", compare.FILE_ARM])
+        assert [a["name"] for a in compare.fidelity_spec(sub, ref_dir=tmp_path / "ref", out_dir=tmp_path,
+                                                         threads=2)["arms"]] == [compare.SAME_REF_ARM,
+                                                                                 compare.SAME_ARM]
+    assert compare.fidelity_spec(compare.select(PATHS, ["vllm-cpu_int4", "llamacpp-Q4_K_M"]),
+                                 ref_dir=tmp_path / "ref", out_dir=tmp_path, threads=2)["arms"] == []
+
+
+def test_the_same_file_row_is_rendered_with_its_reference(fake_arm, grid_kwargs, tmp_path):
+    out = _write_compare_out(fake_arm, grid_kwargs, tmp_path)
+    fspec = {"name": "compare-fidelity", "metrics": compare.FIDELITY_METRICS,
+             "arms": [fake_arm(compare.SAME_REF_ARM, [{"benchmark": "fidelity-reference"}]),
+                      fake_arm(compare.SAME_ARM, [{"top1_agreement": 0.957, "kl_mean": 0.0061, "kl_p99": 0.05}])]}
+    shutil.rmtree(out / "fidelity")
+    work = {k: v for k, v in grid_kwargs.items() if k not in ("out_dir", "lock_path")}
+    grid.run_grid(fspec, 1, out / "fidelity", lock_path=tmp_path / "l3", **work)
+    doc = tmp_path / "docs" / "comparisons.md"
+    compare.write_doc(out, doc)
+    text = doc.read_text()
+    assert "vLLM against llama.cpp on the same file" in text
+    row = next(line for line in text.splitlines() if line.startswith(f"| {compare.SAME_ARM} | {compare.FILE_ARM} |"))
+    assert "0.957" in row and "0.0061" in row
+    assert f"| {compare.SAME_ARM} | same-file fidelity top1_agreement | 0.957" in text
+    assert compare.SAME_REF_ARM not in text.split("### Fidelity")[1]  # the reference is no row
+
+
 def test_a_folder_is_compared_from_itself(tmp_path, monkeypatch):
     from vllm_edge.models import store
     from vllm_edge.quant.quantize import QuantizeError

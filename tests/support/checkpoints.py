@@ -198,71 +198,8 @@ def tiny_llama_dir(src: Path) -> Path:
 
 def llama_as_family(src: Path, dst: Path, arch: str, *, bias_std: float = 0.1, seed: int = 0,
                     layers: int | None = None) -> Path:
-    """A real llama GGUF (``src``) rewritten as another family's, for checking that family against
-    llama.cpp with trained weights: the ``llama.*`` metadata renamed, attn_q and attn_k put back
-    in HF row order (the rows of a block-quantized tensor move whole, so the codes are the file's
-    own), and what the family adds: random f32 q/k/v biases (qwen2); unit q/k norms and
-    attention.key_length (qwen3); q, k and v fused into attn_qkv
-    and gate and up into ffn_up, in llama.cpp's row order (phi3). ``layers`` keeps the first
-    blocks only. Not the same model as ``src`` (what is added changes it), but a trained-weight
-    model of that family that both engines must agree on."""
-    import gguf
-    import numpy as np
+    """A real llama GGUF (``src``) rewritten as another family's (bench.family_files.rewrite)."""
+    from vllm_edge.bench.family_files import rewrite
 
-    from vllm_edge.models.gguf_repack import rope_rows
-
-    rng = np.random.default_rng(seed)
-    r = gguf.GGUFReader(str(src))
-    meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
-    heads, kv_heads = meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]
-    head = meta["llama.embedding_length"] // heads
-    keep = layers or meta["llama.block_count"]
-    w = gguf.GGUFWriter(str(dst), arch)
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture":
-            continue
-        value = keep if k == "llama.block_count" else f.contents()
-        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(k.replace("llama.", f"{arch}.", 1) if k.startswith("llama.") else k,
-                        value, f.types[0], sub_type=sub)
-    if arch in ("qwen3", "gemma3"):
-        w.add_key_length(head)
-        w.add_value_length(head)
-    tensors = {}  # name -> (raw data, type), in the file's order
-    for t in r.tensors:
-        m = t.name.split(".")
-        if m[0] == "blk" and int(m[1]) >= keep:
-            continue
-        data = np.array(t.data)
-        kind = m[2] if m[0] == "blk" else ""
-        if kind in ("attn_q", "attn_k"):
-            data = data[rope_rows(data.shape[0], heads if kind == "attn_q" else kv_heads).numpy()]
-        tensors[t.name] = (data, t.tensor_type)
-
-    def add(name: str, data, qtype) -> None:
-        w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
-
-    for name, (data, qtype) in tensors.items():
-        kind = name.split(".")[2] if name.startswith("blk.") else ""
-        layer = name.rsplit(".", 2)[0]
-        if arch == "phi3" and kind in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"):
-            if kind == "attn_v":
-                parts = [tensors[f"{layer}.{p}.weight"] for p in ("attn_q", "attn_k", "attn_v")]
-                add(f"{layer}.attn_qkv.weight", np.concatenate([d for d, _ in parts]), qtype)
-            elif kind == "ffn_up":
-                parts = [tensors[f"{layer}.{p}.weight"] for p in ("ffn_gate", "ffn_up")]
-                add(f"{layer}.ffn_up.weight", np.concatenate([d for d, _ in parts]), qtype)
-            continue
-        add(name, data, qtype)
-        if kind == "attn_v" and arch == "qwen2":
-            for p, n in (("attn_q", heads * head), ("attn_k", kv_heads * head), ("attn_v", kv_heads * head)):
-                w.add_tensor(f"{layer}.{p}.bias", (rng.standard_normal(n) * bias_std).astype(np.float32))
-        if kind == "attn_v" and arch == "qwen3":
-            for p in ("attn_q_norm", "attn_k_norm"):
-                w.add_tensor(f"{layer}.{p}.weight", np.ones(head, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+    return rewrite(src, dst, arch, bias_std=bias_std, seed=seed, layers=layers)
 

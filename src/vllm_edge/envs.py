@@ -308,6 +308,14 @@ _declare(
     minimum=0,
 )
 _declare(
+    "VLLM_EDGE_NGRAM_TOKENS", "int", 4,
+    "Most tokens one n-gram prompt-lookup proposal holds (`--speculative ngram` and `auto`): "
+    "each is checked in the next step, so a longer proposal gains more where the answer copies "
+    "its input and widens the step where it does not.",
+    "benchmarks/results/grid/ngram_tokens/: the grounded benchmark at 4, 6 and 8, interleaved.",
+    minimum=1,
+)
+_declare(
     "VLLM_EDGE_LOWBIT_ACT8", "bool", True,
     "The packed product of cpu_int8 (a GGUF's 5-, 6- and 8-bit codes: Q5_0, Q5_1, Q5_K, Q6_K "
     "and Q8_0 layers and heads): round each activation row to int8 per weight group, as "

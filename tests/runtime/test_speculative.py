@@ -65,3 +65,19 @@ def test_auto_is_ngram_with_a_batch_schedule_vllm_expands_to_batch_one_only(defa
     assert vllm_cfg.uses_dynamic_speculative_decoding() and speculative_gate.wants_gate(vllm_cfg)
     assert not speculative_gate.wants_gate(SpeculativeConfig(**speculative.NGRAM))
     assert not speculative_gate.wants_gate(None)
+
+
+def test_the_proposal_length_comes_from_the_environment_for_both_methods(monkeypatch):
+    from vllm.config import SpeculativeConfig
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    monkeypatch.setenv("VLLM_EDGE_NGRAM_TOKENS", "8")
+    ngram, auto = speculative.engine_config("ngram"), speculative.engine_config("auto")
+    assert ngram == {**speculative.NGRAM, "num_speculative_tokens": 8}
+    assert SpeculativeConfig(**ngram).num_speculative_tokens == 8
+    assert build_dynamic_sd_schedule_lookup(auto["num_speculative_tokens_per_batch_size"], 4, 8) == [0, 8, 0, 0, 0]
+    assert "up to 8 proposed tokens" in speculative.reason("ngram")
+    assert speculative.AUTO["num_speculative_tokens_per_batch_size"][0][2] == 4  # the default is not altered
+    monkeypatch.setenv("VLLM_EDGE_NGRAM_TOKENS", "0")
+    with pytest.raises(Exception, match="VLLM_EDGE_NGRAM_TOKENS"):
+        speculative.engine_config("ngram")

@@ -50,13 +50,26 @@ AUTO = {**NGRAM, "num_speculative_tokens_per_batch_size": [[1, 1, NGRAM["num_spe
 NEUTRAL_DEFAULTS = {"min_p": 0.0}
 
 
+def proposal_tokens() -> int:
+    """How many tokens one proposal holds at most: ``VLLM_EDGE_NGRAM_TOKENS``."""
+    from vllm_edge import envs
+
+    return int(envs.get("VLLM_EDGE_NGRAM_TOKENS"))
+
+
 def engine_config(method: str) -> dict[str, Any] | None:
     """vLLM's ``speculative_config`` for ``method`` (None: off). ValueError for an unknown one."""
     if method not in METHODS:
         raise ValueError(f"--speculative {method!r}: expected one of {', '.join(METHODS)}")
     if method == "off":
         return None
-    return copy.deepcopy(NGRAM if method == "ngram" else AUTO)  # vLLM may keep and alter it
+    cfg = copy.deepcopy(NGRAM if method == "ngram" else AUTO)  # vLLM may keep and alter it
+    k = proposal_tokens()
+    if k != NGRAM["num_speculative_tokens"]:
+        cfg["num_speculative_tokens"] = k
+        if "num_speculative_tokens_per_batch_size" in cfg:
+            cfg["num_speculative_tokens_per_batch_size"][0][2] = k
+    return cfg
 
 
 def reason(method: str) -> str:
@@ -68,7 +81,7 @@ def reason(method: str) -> str:
                 "requests with min_p or logit_bias are refused")
     return (f"n-gram prompt lookup: after a match of {NGRAM['prompt_lookup_min']} to "
             f"{NGRAM['prompt_lookup_max']} tokens earlier in the sequence, up to "
-            f"{NGRAM['num_speculative_tokens']} proposed tokens are checked in one step; greedy "
+            f"{proposal_tokens()} proposed tokens are checked in one step; greedy "
             "answers keep the model's tokens (up to rounding); requests with min_p or "
             "logit_bias are refused")
 

@@ -258,6 +258,23 @@ def test_a_changed_agent_artifact_changes_the_table(tmp_path):
     assert guide_tables.render_agent(results, doc) != before
 
 
+def test_a_changed_same_file_artifact_changes_the_models_table(tmp_path):
+    """The same-file table reads the fidelity artifact each compare run wrote, not a copy."""
+    doc = REPO / guide_tables.MODELS_DOC
+    run = tmp_path / "results" / "compare_x.Q4_K_M" / "some-host"
+    (run / "fidelity").mkdir(parents=True)
+    art = run / "fidelity" / compare.fidelity_file(compare.SAME_ARM)
+    data = {"teacher_forced": {"top1_agreement": 0.957, "kl_mean": 0.0043},
+            "greedy": {"exact_matches_str": "9/12"},
+            "repack": {"source": "x.Q4_K_M.gguf", "gguf_types": ["Q4_K", "Q6_K"], "runtime_bytes_vs_gguf": 1.01}}
+    art.write_text(json.dumps(data))
+    before = guide_tables.render_same_file(tmp_path / "results", doc)
+    assert "| `x.Q4_K_M.gguf` | Q4_K, Q6_K | 1.010x | 0.957 | 0.0043 | 9/12 |" in before
+    data["teacher_forced"]["kl_mean"] = 0.0431
+    art.write_text(json.dumps(data))
+    assert "| 0.957 | 0.0431 |" in guide_tables.render_same_file(tmp_path / "results", doc)
+
+
 def test_the_build_of_a_served_weights_directory():
     assert guide_tables.build_name("/x/models/smollm2-135m-cpu_int4-g32") == "cpu_int4 g32"
     assert guide_tables.build_name("/x/models/smollm2-135m-cpu_int4-g32-repack") == \

@@ -34,7 +34,9 @@ METHODS = ("off", "ngram", "auto")
 # PROMPT_LOOKUP_MAX wins) and is at most NUM_SPECULATIVE_TOKENS long. Three tokens: in prose a
 # two-token match ("of the") recurs by chance and its proposal is rejected more often, each
 # rejection paying a step of five rows for one token; a match of four or more misses the
-# shorter repeats of code and summaries. Not yet tuned by a speed measurement.
+# shorter repeats of code and summaries. Four proposed tokens (VLLM_EDGE_NGRAM_TOKENS): 6 and 8
+# gained on a rewrite and nothing outside the noise over the grounded prompts as a whole
+# (benchmarks/results/grid/ngram_tokens/).
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
          "prompt_lookup_min": 3}
 # ``auto``: the same proposals, checked only while the request runs alone (vLLM's batch-size

@@ -1,7 +1,7 @@
 """GGUF families in real vLLM against llama.cpp on the same file (needs llama-cpp-python).
 
 qwen2 and qwen3: the default model's Q4_1 SmolLM2 rewritten as those families
-(support.checkpoints.llama_as_family: q/k rows in HF order, random q/k/v biases for qwen2,
+(bench.family_files.rewrite: q/k rows in HF order, random q/k/v biases for qwen2,
 unit q/k norms for qwen3), so trained weights meet each family's code path in both engines.
 phi3: the same file with q, k and v fused into attn_qkv and gate and up into ffn_up, as
 llama.cpp's convert writes Phi-3 (the same model as the default one, in Phi-3's layout).
@@ -23,8 +23,8 @@ import json
 
 import pytest
 
-from support.checkpoints import llama_as_family
 from support.llamacpp import default_gguf, gemma3_gguf, need_llama_cpp
+from vllm_edge.bench.family_files import rewrite
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ TOKENS = 8
 def _source(arch, tmp_path_factory):
     if arch == "gemma3":
         return gemma3_gguf()
-    return llama_as_family(default_gguf(), tmp_path_factory.mktemp(arch) / f"{arch}.gguf", arch)
+    return rewrite(default_gguf(), tmp_path_factory.mktemp(arch) / f"{arch}.gguf", arch)
 
 
 def _vllm_greedy(run_llm, model_dir, prompts):

@@ -195,11 +195,3 @@ def tiny_llama_dir(src: Path) -> Path:
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in t.items()}, str(src / "model.safetensors"))
     return src
 
-
-def llama_as_family(src: Path, dst: Path, arch: str, *, bias_std: float = 0.1, seed: int = 0,
-                    layers: int | None = None) -> Path:
-    """A real llama GGUF (``src``) rewritten as another family's (bench.family_files.rewrite)."""
-    from vllm_edge.bench.family_files import rewrite
-
-    return rewrite(src, dst, arch, bias_std=bias_std, seed=seed, layers=layers)
-

@@ -139,9 +139,7 @@ def make(archs: tuple[str, ...] = FAMILIES, quants: tuple[str, ...] = DEFAULT_QU
     there that we made is kept; one we did not make is refused). Returns the paths per family."""
     from vllm_edge.bench import compare
     from vllm_edge.common import atomic
-    from vllm_edge.models import store
-    from vllm_edge.models.gguf_export import (export_gguf, llama_ftype, quantize, quantized_path,
-                                              written_by_us)
+    from vllm_edge.models.gguf_export import llama_ftype, quantize, quantized_path, written_by_us
 
     out = Path(out_dir).expanduser().resolve() if out_dir else default_dir()
     for q in quants:
@@ -149,9 +147,8 @@ def make(archs: tuple[str, ...] = FAMILIES, quants: tuple[str, ...] = DEFAULT_QU
     targets = {a: [bf16_path(a, out)] + [quantized_path(bf16_path(a, out), q) for q in quants] for a in archs}
     for path in (p for ps in targets.values() for p in ps):
         atomic.check_destination(path, is_ours=written_by_us)
-    source = compare.builds("default")["llamacpp-BF16"]
-    if not source.exists():
-        export_gguf(store.prepare("default", progress=progress), source, progress=progress)
+    # compare's own build of it: the default model prepared and exported once, as compare uses it
+    source = compare.prepare("default", progress=progress, arms=["llamacpp-BF16"])["llamacpp-BF16"]
     for arch, (base, *quantized) in targets.items():
         if not base.exists():
             rewrite(source, base, arch)

@@ -66,11 +66,9 @@ def engine_config(method: str) -> dict[str, Any] | None:
     if method == "off":
         return None
     cfg = copy.deepcopy(NGRAM if method == "ngram" else AUTO)  # vLLM may keep and alter it
-    k = proposal_tokens()
-    if k != NGRAM["num_speculative_tokens"]:
-        cfg["num_speculative_tokens"] = k
-        if "num_speculative_tokens_per_batch_size" in cfg:
-            cfg["num_speculative_tokens_per_batch_size"][0][2] = k
+    cfg["num_speculative_tokens"] = proposal_tokens()
+    if method == "auto":  # its batch-1 entry proposes as many
+        cfg["num_speculative_tokens_per_batch_size"][0][2] = cfg["num_speculative_tokens"]
     return cfg
 
 

@@ -267,11 +267,11 @@ def test_render_only_without_artifacts_names_the_file(tmp_path):
 
 
 def test_a_gguf_file_is_compared_with_itself_in_llama_cpp(tmp_path, monkeypatch):
+    from support.checkpoints import tiny_llama_gguf
     from vllm_edge.models import gguf_import, store
 
     monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path / "home"))
-    f = tmp_path / "My Model.Q4_K_M.gguf"
-    f.write_bytes(b"GGUF not really")
+    f = tiny_llama_gguf(tmp_path / "My Model.Q4_K_M.gguf")
     b = compare.builds(str(f))
     sha = gguf_import.sha256_file(f)
     assert b[compare.FILE_ARM] == f.resolve()
@@ -330,10 +330,69 @@ def test_a_gguf_file_is_also_scored_against_llama_cpp_on_the_file_itself(tmp_pat
         # --arms: the pairs the selected arms make, and nothing that needs an arm left out
         sub = compare.select(b, ["vllm-cpu_int4", compare.FILE_ARM])
         assert [a["name"] for a in compare.fidelity_spec(sub, ref_dir=tmp_path / "ref", out_dir=tmp_path,
-                                                         threads=2)["arms"]] == [compare.SAME_REF_ARM,
-                                                                                 compare.SAME_ARM]
+                                                         threads=2)["arms"]][:2] == [compare.SAME_REF_ARM,
+                                                                                     compare.SAME_ARM]
     assert compare.fidelity_spec(compare.select(PATHS, ["vllm-cpu_int4", "llamacpp-Q4_K_M"]),
                                  ref_dir=tmp_path / "ref", out_dir=tmp_path, threads=2)["arms"] == []
+
+
+def test_a_quantized_file_is_also_scored_against_its_exact_weights(tmp_path, monkeypatch):
+    """Both engines against llama.cpp on an F32 copy of the file, saved before either is scored;
+    not for a float file, whose weights llama.cpp already runs exactly."""
+    from support.checkpoints import tiny_llama_gguf
+
+    monkeypatch.setenv("VLLM_EDGE_HOME", str(tmp_path / "home"))
+    quantized = compare.builds(str(tiny_llama_gguf(tmp_path / "q.gguf", arch="qwen2")))
+    spec = compare.fidelity_spec(quantized, ref_dir=tmp_path / "ref", out_dir=tmp_path / "fid", threads=2,
+                                 greedy_tokens=16, chunks=2)
+    arms = {a["name"]: a["cmd"] for a in spec["arms"]}
+    names = list(arms)
+    assert names[-3:] == [compare.EXACT_REF_ARM, compare.EXACT_FILE_ARM, compare.EXACT_ARM]
+    ref, llama, vllm = (arms[n] for n in names[-3:])
+    assert "--dequantized" in ref and _flag(ref, "--engine") == "llama.cpp"
+    assert _flag(ref, "--model") == _flag(llama, "--model") == str(quantized[compare.FILE_ARM])
+    assert "--dequantized" not in llama and _flag(llama, "--engine") == "llama.cpp"
+    assert _flag(vllm, "--model") == _flag(ref, "--tokenizer") == _flag(llama, "--tokenizer") \
+        == str(quantized["vllm-cpu_int4"])
+    exact = _flag(ref, "--save-ref")
+    assert exact == _flag(llama, "--ref") == _flag(vllm, "--ref")
+    assert exact not in (str(tmp_path / "ref"), _flag(arms[compare.SAME_REF_ARM], "--save-ref"))
+    assert _flag(llama, "--out") == str(tmp_path / "fid" / compare.fidelity_file(compare.EXACT_FILE_ARM))
+    assert _flag(vllm, "--out") == str(tmp_path / "fid" / compare.fidelity_file(compare.EXACT_ARM))
+    grid.load_spec(spec)
+    f32 = tiny_llama_gguf(tmp_path / "f.gguf", arch="qwen2", types={"blk.0.attn_q.weight": "F32",
+                                                                     "blk.0.ffn_gate.weight": "F32"})
+    names = [a["name"] for a in compare.fidelity_spec(compare.builds(str(f32)), ref_dir=tmp_path / "r2",
+                                                      out_dir=tmp_path, threads=2)["arms"]]
+    assert compare.SAME_ARM in names and compare.EXACT_REF_ARM not in names
+
+
+def test_the_rows_against_the_exact_weights_say_which_engine_is_closer(fake_arm, grid_kwargs, tmp_path):
+    out = _write_compare_out(fake_arm, grid_kwargs, tmp_path)
+    fspec = {"name": "compare-fidelity", "metrics": compare.FIDELITY_METRICS,
+             "arms": [fake_arm(compare.SAME_REF_ARM, [{"benchmark": "fidelity-reference"}]),
+                      fake_arm(compare.SAME_ARM, [{"top1_agreement": 0.91, "kl_mean": 0.0022, "kl_p99": 0.01}]),
+                      fake_arm(compare.EXACT_REF_ARM, [{"benchmark": "fidelity-reference"}]),
+                      fake_arm(compare.EXACT_FILE_ARM, [{"top1_agreement": 0.936, "kl_mean": 0.0015,
+                                                         "kl_p99": 0.005}]),
+                      fake_arm(compare.EXACT_ARM, [{"top1_agreement": 0.948, "kl_mean": 0.0006, "kl_p99": 0.003}])]}
+    shutil.rmtree(out / "fidelity")
+    work = {k: v for k, v in grid_kwargs.items() if k not in ("out_dir", "lock_path")}
+    grid.run_grid(fspec, 1, out / "fidelity", lock_path=tmp_path / "l3", **work)
+    doc = tmp_path / "docs" / "comparisons.md"
+    compare.write_doc(out, doc)
+    text = doc.read_text()
+    assert "both against the file's exact weights" in text
+    head = "| vllm-cpu_int4 / llamacpp-file | fidelity {} (each vs the file's exact weights) | {} | {} | {} |"
+    assert head.format("top1_agreement", 0.948, 0.936, "1.01× (vLLM closer to the exact weights)") in text
+    assert head.format("kl_mean", 0.0006, 0.0015, "0.40× (vLLM closer to the exact weights)") in text
+    row = next(line for line in text.splitlines() if line.startswith(f"| {compare.EXACT_ARM} | {compare.EXACT_REF} |"))
+    assert "KL vs llama.cpp's on the file" in row
+    fid_part = text.split("### Fidelity")[1]
+    assert compare.EXACT_REF_ARM not in fid_part and f"| {compare.EXACT_FILE_ARM} | {compare.EXACT_REF} |" in fid_part
+    # the other way round, llama.cpp's win is named as one
+    assert "llama.cpp closer to the exact weights" in compare.exact_rows(
+        {"top1_agreement": 0.93, "kl_mean": 0.002}, {"top1_agreement": 0.94, "kl_mean": 0.001})[0][-1]
 
 
 def test_the_same_file_row_is_rendered_with_its_reference(fake_arm, grid_kwargs, tmp_path):

@@ -89,3 +89,34 @@ def test_llama_cpp_is_the_reference_of_a_vllm_build_of_the_same_file(tmp_path, d
     print(f"vs llama.cpp Q4_1: repack (codes kept) {a}; requantized cpu_int4 {b}")
     assert a["top1_agreement"] >= TOP1_SAME_FILE
     assert a["kl_mean"] < b["kl_mean"] / 5 and a["top1_agreement"] > b["top1_agreement"]
+
+
+def test_the_exact_weights_reference_is_llama_cpp_on_the_dequantized_file(tmp_path, default_model_dir):
+    """`--dequantized` saves llama.cpp on an F32 copy of the file (every tensor dequantized) and
+    removes the copy: llama.cpp on such a copy made by hand matches it exactly, while the
+    quantized file itself, whose products round the activations to 8 bits, does not."""
+    need_llama_cpp()
+    import os
+
+    from vllm_edge.bench.llamacpp.verify import dequantized_copy
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    exact = tmp_path / "exact"
+    proc = subprocess.run([sys.executable, "-m", "vllm_edge.cli", "fidelity", "--engine", "llama.cpp",
+                           "--dequantized", "--model", "default", "--save-ref", str(exact),
+                           "--prompts", "chat-capital,tool-weather", "--corpus-chunks", "1",
+                           "--chunk-len", "128", "--greedy-tokens", "4"],
+                          capture_output=True, text=True, timeout=1200, env={**os.environ, "TMPDIR": str(scratch)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the F32 copy went with its temporary directory (torch may leave its compile cache there)
+    assert not list(scratch.glob("vllm-edge-f32-*")) and not list(scratch.rglob("*.gguf"))
+    meta = json.loads((exact / "meta.json").read_text())
+    assert meta["meta"]["dequantized"] is True and "exact weights" in meta["meta"]["build"]
+
+    by_hand = dequantized_copy(default_gguf(), tmp_path / "by-hand.f32.gguf")
+    same = _fidelity("--engine", "llama.cpp", "--model", str(by_hand), "--tokenizer", str(default_model_dir),
+                     "--ref", str(exact))
+    assert same["top1_agreement"] == 1.0 and same["kl_mean"] < 1e-9 and same["exact_matches"] == 2
+    quantized = _fidelity("--engine", "llama.cpp", "--model", "default", "--ref", str(exact))
+    assert quantized["kl_mean"] > 1e-5

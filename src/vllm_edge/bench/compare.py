@@ -57,9 +57,20 @@ REF_ARM = "vllm-bf16 (reference)"
 # A GGUF file: vLLM's repack of it scored against llama.cpp running the file itself.
 SAME_REF_ARM = "llamacpp-file (same-file reference)"
 SAME_ARM = "vllm-cpu_int4 vs llamacpp-file"
-# Fidelity: each quantized build against its own engine's bf16 build, and the same-file row.
+# A quantized GGUF file: both engines scored against llama.cpp on an F32 copy of the file (every
+# tensor dequantized), the file's exact weights. The same-file row adds the two engines' roundings
+# (llama.cpp's int8 activations in its quantized products, vLLM's bf16 ones); these two rows tell
+# them apart.
+EXACT_REF_ARM = "llamacpp-f32 copy (exact-weights reference)"
+EXACT_FILE_ARM = "llamacpp-file vs exact weights"
+EXACT_ARM = "vllm-cpu_int4 vs exact weights"
+EXACT_REF = "llamacpp-f32 copy"
+# Fidelity: each quantized build against its own engine's bf16 build, and the same-file rows.
 REFERENCES = {"vllm-cpu_int4": "vllm-bf16", FILE_ARM: "llamacpp-BF16", SAME_ARM: FILE_ARM,
+              EXACT_FILE_ARM: EXACT_REF, EXACT_ARM: EXACT_REF,
               **{f"llamacpp-{q}": "llamacpp-BF16" for q in GGUF_QUANTS}}
+# reference arms: they save what the others are scored against, and are no row of their own
+REF_ARMS = (REF_ARM, SAME_REF_ARM, EXACT_REF_ARM)
 
 DEFAULT_PASSES = 3
 DEFAULT_REPS = 1
@@ -411,9 +422,31 @@ def fidelity_spec(paths: dict[str, Path], *, ref_dir: Path, out_dir: Path, threa
                                             str(paths["vllm-cpu_int4"]), "--ref", str(same_ref), *kl,
                                             "--out", str(out_dir / fidelity_file(SAME_ARM)),
                                             *common, "--enforce-eager"]}]
+        if _quantized(paths[FILE_ARM]):
+            exact_ref = ref_dir.with_name(ref_dir.name + "-exact-weights")
+            arms += [{"name": EXACT_REF_ARM, "cmd": [python, "-m", "vllm_edge.cli", "fidelity", "--engine",
+                                                     "llama.cpp", "--dequantized", "--model",
+                                                     str(paths[FILE_ARM]), "--tokenizer",
+                                                     str(paths["vllm-cpu_int4"]), "--save-ref", str(exact_ref),
+                                                     *common]},
+                     {"name": EXACT_FILE_ARM, "cmd": [python, "-m", "vllm_edge.cli", "fidelity", "--engine",
+                                                      "llama.cpp", "--model", str(paths[FILE_ARM]), "--tokenizer",
+                                                      str(paths["vllm-cpu_int4"]), "--ref", str(exact_ref), *kl,
+                                                      "--out", str(out_dir / fidelity_file(EXACT_FILE_ARM))]},
+                     {"name": EXACT_ARM, "cmd": [python, "-m", "vllm_edge.cli", "fidelity", "--model",
+                                                 str(paths["vllm-cpu_int4"]), "--ref", str(exact_ref), *kl,
+                                                 "--out", str(out_dir / fidelity_file(EXACT_ARM)),
+                                                 "--enforce-eager"]}]
     return {"name": "compare-fidelity", "threads": threads, "model": str(next(iter(paths.values()))),
             "metrics": FIDELITY_METRICS, "timeout_s": ARM_TIMEOUT_S,
             "arms": arms}
+
+
+def _quantized(gguf: Path) -> bool:
+    """Whether the file holds a quantized matrix (a float file's own weights are already exact)."""
+    from vllm_edge.bench.engines import llamacpp as llamacpp_runner
+
+    return llamacpp_runner.is_quantized(gguf)
 
 
 # --- judging pairs -------------------------------------------------------------
@@ -599,6 +632,8 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
             if fid_by[SAME_ARM].get(k) is not None:
                 rows.append([SAME_ARM, f"same-file fidelity {k}", fid_by[SAME_ARM][k], None,
                              "vLLM's repack scored against llama.cpp on the file"])
+    if EXACT_ARM in fid_by and EXACT_FILE_ARM in fid_by:
+        rows += exact_rows(fid_by[EXACT_ARM], fid_by[EXACT_FILE_ARM])
     lines += bench_render.table(["pair", "metric", "vLLM", "llama.cpp", "ratio (verdict)"], rows)
     lines += ["", f"Source: {_link(spath, doc_path)}" + (f", {_link(fpath, doc_path)}" if fid else ""), ""]
     wins = [r for r in rows if "llama.cpp ahead" in str(r[-1]) or "llama.cpp closer" in str(r[-1])]
@@ -647,7 +682,8 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
               f"Source: {_link(spath, doc_path)}", ""]
 
     lines += ["### Fidelity, each engine against its own bf16"
-              + (", and vLLM against llama.cpp on the same file" if SAME_ARM in fid_by else ""), ""]
+              + (", and vLLM against llama.cpp on the same file" if SAME_ARM in fid_by else "")
+              + (", and both against the file's exact weights" if EXACT_ARM in fid_by else ""), ""]
     if fid_rows:
         fcmd = fid["arms"][-1]["cmd"]
         gt = fcmd[fcmd.index("--greedy-tokens") + 1] if "--greedy-tokens" in fcmd else "?"
@@ -658,7 +694,11 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
                   "the same token ids for every build of an engine. KL is over the reference's "
                   f"top-{kl_k} ids plus a tail bucket on both engines "
                   "(`KL full mean`, llama.cpp only, is the exact full-vocabulary KL). vLLM runs eager "
-                  "for fidelity. One run per build: these are deterministic, not timings.", ""]
+                  "for fidelity. One run per build: these are deterministic, not timings."
+                  + (" The exact weights are llama.cpp on an F32 copy of the file, every tensor "
+                     "dequantized: each engine's distance from them is its own arithmetic on the "
+                     "weights it was given (llama.cpp rounds activations to 8 bits in its quantized "
+                     "products, vLLM to bf16)." if EXACT_ARM in fid_by else ""), ""]
         rows = []
         for r in fid_rows:
             ratio = "–"
@@ -666,6 +706,10 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
                 ratio = fmt_ratio({"ratio": (r["kl_mean"] / fid_by["llamacpp-Q4_K_M"]["kl_mean"]
                                              if fid_by["llamacpp-Q4_K_M"].get("kl_mean") else None),
                                    "verdict": "KL vs Q4_K_M's"})
+            elif r["arm"] == EXACT_ARM and EXACT_FILE_ARM in fid_by and r.get("kl_mean") is not None:
+                ratio = fmt_ratio({"ratio": (r["kl_mean"] / fid_by[EXACT_FILE_ARM]["kl_mean"]
+                                             if fid_by[EXACT_FILE_ARM].get("kl_mean") else None),
+                                   "verdict": "KL vs llama.cpp's on the file"})
             rows.append([r["arm"], r["reference"], r.get("exact_str") or r.get("exact_matches"), r.get("kept_fraction"),
                          r.get("first_token_agreement"), r.get("top1_agreement"), r.get("kl_mean"),
                          r.get("kl_p99"), r.get("delta_logprob"), r.get("coverage"), r.get("kl_full_mean"),
@@ -691,6 +735,24 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
     return "\n".join(lines).rstrip() + "\n", written
 
 
+def exact_rows(vllm: dict, llama: dict) -> list[list]:
+    """Headline rows: each engine's distance from the file's exact weights, and which is closer."""
+    from vllm_edge.common import stats
+
+    rows = []
+    for k in ("top1_agreement", "kl_mean"):
+        a, b = vllm.get(k), llama.get(k)
+        if a is None or b is None:
+            continue
+        better = (a < b) if stats.direction(k) == "lower" else (a > b)
+        who = "equal" if a == b else ("vLLM closer to the exact weights" if better
+                                      else "llama.cpp closer to the exact weights")
+        ratio = a / b if b else None
+        rows.append(["vllm-cpu_int4 / llamacpp-file", f"fidelity {k} (each vs the file's exact weights)", a, b,
+                     f"{ratio:.2f}× ({who})" if ratio is not None else who])
+    return rows
+
+
 def fidelity_file(arm: str) -> str:
     """The artifact a fidelity arm writes beside the summary."""
     return arm.replace(" ", "_") + ".json"
@@ -701,7 +763,7 @@ def _fidelity_rows(fid: dict, fid_dir: Path, shown_dir: Path) -> list[dict]:
     (``<arm>.json`` beside the fidelity summary)."""
     rows = []
     for arm in [a["name"] for a in fid.get("arms", [])]:
-        if arm in (REF_ARM, SAME_REF_ARM):
+        if arm in REF_ARMS:
             continue
         row: dict[str, Any] = {"arm": arm, "reference": REFERENCES.get(arm, "–")}
         for m, block in fid["metrics"].items():

@@ -42,6 +42,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="llama.cpp: run --model (a GGUF file) in llama.cpp instead, on the same token "
                         "ids, to save it as a reference or score it (needs [baselines]; 'default' is "
                         "the embedded model's own GGUF)")
+    p.add_argument("--dequantized", action="store_true",
+                   help="with --engine llama.cpp: run an F32 copy of the file, every tensor dequantized "
+                        "(the file's exact weights, without llama.cpp's quantized arithmetic); made in "
+                        "a temporary directory and removed after")
     p.add_argument("--tokenizer", metavar="DIR", default=None,
                    help="with --engine llama.cpp: the model directory whose tokenizer and chat template "
                         "make the token ids")
@@ -68,8 +72,10 @@ def run(args: argparse.Namespace) -> int:
             result = against_reference(gguf, save_ref=args.save_ref, ref=args.ref, out=args.out,
                                        tokenizer=tokenizer, corpus_chunks=args.corpus_chunks,
                                        chunk_len=args.chunk_len, greedy_tokens=args.greedy_tokens,
-                                       kl_k=args.kl_k, prompts=prompts)
+                                       kl_k=args.kl_k, prompts=prompts, dequantized=args.dequantized)
     else:
+        if args.dequantized:
+            raise UsageError("--dequantized runs llama.cpp on an F32 copy of a GGUF file: give --engine llama.cpp")
         with reported(ValueError, FileNotFoundError):
             result = fidelity_run(args.model, save_ref=args.save_ref, ref=args.ref, out=args.out,
                                   corpus_chunks=args.corpus_chunks, chunk_len=args.chunk_len,

@@ -102,10 +102,17 @@ def against_reference(gguf: str | Path, *, save_ref: str | None = None, ref: str
                       tokenizer: str | Path | None = None, out: str | None = None,
                       corpus_chunks: int | None = None, chunk_len: int | None = None,
                       greedy_tokens: int | None = None, kl_k: int = DEFAULT_KL_K,
-                      threads: int | None = None, prompts: tuple[str, ...] | None = None) -> dict:
+                      threads: int | None = None, prompts: tuple[str, ...] | None = None,
+                      dequantized: bool = False) -> dict:
     """`vllm-edge fidelity --engine llama.cpp`: llama.cpp on ``gguf`` saved as a reference, or
     scored against one (a vLLM build's, or another GGUF's), with vLLM's token ids and metrics, so
-    one table compares the engines on the same file."""
+    one table compares the engines on the same file.
+
+    ``dequantized``: llama.cpp runs an F32 copy of the file instead, every tensor dequantized by
+    gguf (:func:`gguf_verify.dequantized_copy`), made in a temporary directory and removed after: the
+    file's exact weights in f32 arithmetic, with none of the activation rounding llama.cpp's
+    quantized products add. Against it both engines' distance from the weights they were given
+    can be told apart."""
     from vllm_edge.bench import prompts as P
     from vllm_edge.bench.engines import llamacpp as llamacpp_runner
     from vllm_edge.bench.fidelity import engine as fidelity
@@ -138,19 +145,29 @@ def against_reference(gguf: str | Path, *, save_ref: str | None = None, ref: str
                                  corpus_chunks or DEFAULT_CORPUS_CHUNKS)
         k = fidelity.DEFAULT_K
         greedy_tokens = greedy_tokens or fidelity.DEFAULT_GREEDY_TOKENS
-    data = collect(gguf, prompt_ids, chunks, k, greedy_tokens, tok.eos_id, threads)
+    if dequantized:
+        import tempfile
+
+        build = f"{gguf.name} (llama.cpp on an F32 copy, every tensor dequantized: the exact weights)"
+        with tempfile.TemporaryDirectory(prefix="vllm-edge-f32-") as td:
+            print(f"[fidelity] dequantizing {gguf.name} to an F32 copy in {td}", file=sys.stderr, flush=True)
+            f32 = gguf_verify.dequantized_copy(gguf, Path(td) / f"{gguf.stem}.f32.gguf")
+            data = collect(f32, prompt_ids, chunks, k, greedy_tokens, tok.eos_id, threads)
+    else:
+        data = collect(gguf, prompt_ids, chunks, k, greedy_tokens, tok.eos_id, threads)
     prov = provenance.collect(model=gguf, threads=threads)
     engine = {"engine": "llama.cpp", "threads": threads}
     if save_ref is not None:
         fidelity.save_reference(save_ref, {**data, "prompts": names},
                                 meta={"model": str(gguf), "build": build, "greedy_tokens": greedy_tokens,
-                                      "provenance": prov})
+                                      "dequantized": dequantized, "provenance": prov})
         result = {"benchmark": "fidelity-reference", "build": build, "model": str(gguf),
-                  "reference": str(save_ref), "prompts": len(prompt_ids), "chunks": len(chunks),
+                  "dequantized": dequantized, "reference": str(save_ref), "prompts": len(prompt_ids), "chunks": len(chunks),
                   "k": k, "engine": engine, "provenance": prov}
     else:
         scored = fidelity.score(reference, data, kl_k=kl_k)
-        result = {"benchmark": "fidelity", "build": build, "model": str(gguf), "reference": str(ref),
+        result = {"benchmark": "fidelity", "build": build, "model": str(gguf), "dequantized": dequantized,
+                  "reference": str(ref),
                   "reference_build": reference["meta"].get("build"),
                   "reference_model": reference["meta"].get("model"), **scored,
                   "chunks": len(chunks), "engine": engine, "provenance": prov}

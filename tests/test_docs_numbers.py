@@ -272,12 +272,16 @@ def test_a_changed_same_file_artifact_changes_the_models_table(tmp_path):
     assert "| `x.Q4_K_M.gguf` | Q4_K, Q6_K | 1.010x | 0.957 | 0.0043 | 9/12 |" in before
     data["teacher_forced"]["kl_mean"] = 0.0431
     art.write_text(json.dumps(data))
-    assert "| 0.957 | 0.0431 | 9/12 | – | – |" in guide_tables.render_same_file(tmp_path / "results", doc)
+    assert "| 0.957 | 0.0431 | 9/12 | – | – | – |" in guide_tables.render_same_file(tmp_path / "results", doc)
     # the run's rows against the file's exact weights, vLLM's then llama.cpp's
     for arm, top1, kl in ((compare.EXACT_ARM, 0.948, 0.0006), (compare.EXACT_FILE_ARM, 0.936, 0.0015)):
         (run / "fidelity" / compare.fidelity_file(arm)).write_text(
             json.dumps({"teacher_forced": {"top1_agreement": top1, "kl_mean": kl}}))
-    assert "| 9/12 | 0.948 / 0.936 | 0.0006 / 0.0015 |" in guide_tables.render_same_file(tmp_path / "results", doc)
+    assert "| 9/12 | – | 0.948 / 0.936 | 0.0006 / 0.0015 |" in guide_tables.render_same_file(tmp_path / "results", doc)
+    (run / "fidelity" / compare.fidelity_file(compare.SAME_REF_ARM)).write_text(json.dumps(
+        {"benchmark": "fidelity-reference", "tokenizer_agreement": {"identical": 11, "prompts": 12,
+                                                                      "differs_on": ["long-context"]}}))
+    assert "| 9/12 | 11/12 | 0.948 / 0.936 |" in guide_tables.render_same_file(tmp_path / "results", doc)
 
 
 def test_the_build_of_a_served_weights_directory():

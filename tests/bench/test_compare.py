@@ -322,6 +322,7 @@ def test_a_gguf_file_is_also_scored_against_llama_cpp_on_the_file_itself(tmp_pat
         assert _flag(ref, "--save-ref") == _flag(cand, "--ref") != str(tmp_path / "ref")
         assert _flag(ref, "--tokenizer") == _flag(cand, "--model") == str(b["vllm-cpu_int4"])
         assert "--enforce-eager" not in ref  # llama.cpp refuses vLLM's flags
+        assert _flag(ref, "--out") == str(tmp_path / "fid" / compare.fidelity_file(compare.SAME_REF_ARM))
         assert _flag(cand, "--out") == str(tmp_path / "fid" / compare.fidelity_file(compare.SAME_ARM))
         assert _flag(ref, "--corpus-chunks") == _flag(cand, "--corpus-chunks") == "2"
         assert ("llamacpp-Q4_K_M" in arms) == (arch == "llama")
@@ -411,6 +412,12 @@ def test_the_same_file_row_is_rendered_with_its_reference(fake_arm, grid_kwargs,
     assert "0.957" in row and "0.0061" in row
     assert f"| {compare.SAME_ARM} | same-file fidelity top1_agreement | 0.957" in text
     assert compare.SAME_REF_ARM not in text.split("### Fidelity")[1]  # the reference is no row
+    assert "Tokenizers:" not in text  # no reference artifact, nothing claimed
+    (out / "fidelity" / compare.fidelity_file(compare.SAME_REF_ARM)).write_text(json.dumps(
+        {"tokenizer_agreement": {"identical": 11, "prompts": 12, "differs_on": ["long-context"]}}))
+    compare.write_doc(out, doc)
+    assert ("gives the token ids ours gives on 11 of 12 prompts" in doc.read_text()
+            and "differs on long-context." in doc.read_text())
 
 
 def test_a_folder_is_compared_from_itself(tmp_path, monkeypatch):

@@ -31,3 +31,28 @@ def test_missing_gguf_is_named(tmp_path, default_model_dir):
                            "--ref", str(tmp_path / "ref.gguf"), "--cand", str(tmp_path / "ref.gguf"),
                            "--tokenizer", str(default_model_dir)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and f"{tmp_path / 'ref.gguf'}: no such GGUF file" in proc.stderr
+
+
+def test_tokenizer_agreement_compares_llama_cpps_ids_with_ours(default_model_dir):
+    """On the same text, llama.cpp's tokenizer of the shipped file gives our ids; an id list that
+    differs (one token short, or a BOS llama.cpp would not add to a completion) is named."""
+    need_llama_cpp()
+    from transformers import AutoTokenizer
+
+    from support.llamacpp import default_gguf
+    from vllm_edge.bench import prompts as P
+    from vllm_edge.bench.fidelity import engine as fidelity
+
+    tok = AutoTokenizer.from_pretrained(str(default_model_dir))
+    items = P.select_fidelity_prompts(("chat-capital", "tool-weather"))
+    ids = fidelity.chat_prompt_ids(tok, items)
+    gguf = default_gguf()
+    assert llamacpp_fidelity.tokenizer_agreement(gguf, tok, items, ids) == \
+        {"identical": 2, "prompts": 2, "differs_on": []}
+    short = [ids[0], ids[1][:-1]]
+    assert llamacpp_fidelity.tokenizer_agreement(gguf, tok, items, short)["differs_on"] == ["tool-weather"]
+    tok.chat_template = None  # a base model: each prompt's plain text, a completion
+    plain = fidelity.chat_prompt_ids(tok, items)
+    assert plain != ids and llamacpp_fidelity.tokenizer_agreement(gguf, tok, items, plain)["identical"] == 2
+    extra_bos = [[tok.bos_token_id, *p] for p in plain]
+    assert llamacpp_fidelity.tokenizer_agreement(gguf, tok, items, extra_bos)["identical"] == 0

@@ -105,12 +105,14 @@ def test_the_exact_weights_reference_is_llama_cpp_on_the_dequantized_file(tmp_pa
     exact = tmp_path / "exact"
     proc = subprocess.run([sys.executable, "-m", "vllm_edge.cli", "fidelity", "--engine", "llama.cpp",
                            "--dequantized", "--model", "default", "--save-ref", str(exact),
+                           "--out", str(tmp_path / "exact.json"),
                            "--prompts", "chat-capital,tool-weather", "--corpus-chunks", "1",
                            "--chunk-len", "128", "--greedy-tokens", "4"],
                           capture_output=True, text=True, timeout=1200, env={**os.environ, "TMPDIR": str(scratch)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     # the F32 copy went with its temporary directory (torch may leave its compile cache there)
     assert not list(scratch.glob("vllm-edge-f32-*")) and not list(scratch.rglob("*.gguf"))
+    assert json.loads((tmp_path / "exact.json").read_text())["tokenizer_agreement"]["identical"] == 2
     meta = json.loads((exact / "meta.json").read_text())
     assert meta["meta"]["dequantized"] is True and "exact weights" in meta["meta"]["build"]
 

@@ -417,7 +417,8 @@ def fidelity_spec(paths: dict[str, Path], *, ref_dir: Path, out_dir: Path, threa
         # the repack's tokenizer makes the ids: the one vLLM serves the file with
         arms += [{"name": SAME_REF_ARM, "cmd": [python, "-m", "vllm_edge.cli", "fidelity", "--engine", "llama.cpp",
                                                 "--model", str(paths[FILE_ARM]), "--tokenizer",
-                                                str(paths["vllm-cpu_int4"]), "--save-ref", str(same_ref), *common]},
+                                                str(paths["vllm-cpu_int4"]), "--save-ref", str(same_ref),
+                                                "--out", str(out_dir / fidelity_file(SAME_REF_ARM)), *common]},
                  {"name": SAME_ARM, "cmd": [python, "-m", "vllm_edge.cli", "fidelity", "--model",
                                             str(paths["vllm-cpu_int4"]), "--ref", str(same_ref), *kl,
                                             "--out", str(out_dir / fidelity_file(SAME_ARM)),
@@ -717,7 +718,8 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
         lines += bench_render.table(["build", "reference", "greedy exact", "kept", "first-token top-1", "top-1",
                                 "KL mean", "KL p99", "Δ log-prob", "coverage", "KL full mean",
                                 "KL ratio to llama.cpp", "artifact"], rows)
-        lines += ["", f"Source: {_link(fpath, doc_path)}", ""]
+        agree = tokenizer_line(out_dir / "fidelity")
+        lines += ["", *([agree, ""] if agree else []), f"Source: {_link(fpath, doc_path)}", ""]
         arts = [bench_render.Artifact(str(fpath), {"build": r["arm"], "teacher_forced": r}) for r in fid_rows
                 if r.get("kl_mean") is not None]
         if arts:
@@ -733,6 +735,22 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
     else:
         lines += ["Not measured in this run (`--skip-fidelity`, or random weights: `--synthetic-1b`).", ""]
     return "\n".join(lines).rstrip() + "\n", written
+
+
+def tokenizer_agreement(fid_dir: Path) -> dict | None:
+    """What the same-file reference arm found comparing llama.cpp's tokenizer of the file with
+    ours on the prompts (None: no such run)."""
+    return (_load(fid_dir / fidelity_file(SAME_REF_ARM)) or {}).get("tokenizer_agreement")
+
+
+def tokenizer_line(fid_dir: Path) -> str | None:
+    t = tokenizer_agreement(fid_dir)
+    if not t:
+        return None
+    return (f"Tokenizers: llama.cpp's own tokenizer of the file gives the token ids ours gives on "
+            f"{t['identical']} of {t['prompts']} prompts (the chat template's text, special tokens "
+            "parsed; a base model's plain text with each side's own BOS setting)"
+            + (f"; differs on {', '.join(t['differs_on'])}." if t.get("differs_on") else "."))
 
 
 def exact_rows(vllm: dict, llama: dict) -> list[list]:

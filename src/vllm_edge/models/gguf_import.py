@@ -28,7 +28,7 @@ from vllm_edge.models import gguf_families
 logger = logging.getLogger("vllm_edge.models")
 
 # Bump when the conversion output changes, so cached conversions are redone.
-CONVERTER_VERSION = "gguf-import/1"
+CONVERTER_VERSION = "gguf-import/2"
 KIND = CONVERTER_VERSION.split("/")[0]
 
 # The architectures we take are gguf_families.FAMILIES (one list for import, repack and docs).
@@ -484,14 +484,18 @@ def _phi3_config(config: Any, info: GgufInfo) -> None:
 
 
 def read_tokenizer(src: Path, info: GgufInfo) -> Any:
-    """transformers' tokenizer from the GGUF metadata. For the families after Llama, it adds
+    """transformers' tokenizer from the GGUF metadata, splitting text as the file's
+    ``tokenizer.ggml.pre`` says (:mod:`gguf_pretokenizer`). For the families after Llama, it adds
     <bos> when the file says so (tokenizer.ggml.add_bos_token): transformers' builder ignores
     the key, and Gemma without its <bos> degenerates. The setting is saved with the tokenizer,
     so vLLM prepends it too."""
     from transformers import AutoTokenizer
 
+    from vllm_edge.models import gguf_pretokenizer
+
     with _read_by_transformers(src, "tokenizer"):
         tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    tok = gguf_pretokenizer.honour(tok, info.metadata, src)
     add_bos = info.metadata.get("tokenizer.ggml.add_bos_token")
     if info.architecture != "llama" and isinstance(add_bos, bool):
         if add_bos and tok.bos_token is None:

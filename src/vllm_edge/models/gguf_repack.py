@@ -43,7 +43,7 @@ from vllm_edge.quant.formats import cpu_int4, cpu_int8
 logger = logging.getLogger("vllm_edge.models")
 
 # Bump when the output changes, so cached repacks are redone.
-CONVERTER_VERSION = "gguf-repack/4"
+CONVERTER_VERSION = "gguf-repack/6"
 KIND = CONVERTER_VERSION.split("/")[0]
 REPORT_NAME = "repack_report.json"
 GROUP = 32
@@ -93,7 +93,7 @@ def _fused_group(name: str) -> list[str]:
 
 
 def plan_routes(types: dict[str, str], *, requantize: bool, keep_embedding: bool,
-                tied: bool, path: str = "?") -> dict[str, tuple[str, str]]:
+                tied: bool, path: str = "?", embedding_why: str | None = None) -> dict[str, tuple[str, str]]:
     """HF weight name -> (route, why) for every 2-D weight, given its GGUF type name.
 
     Pure: the routes follow from the types and the options alone."""
@@ -102,8 +102,8 @@ def plan_routes(types: dict[str, str], *, requantize: bool, keep_embedding: bool
     routes: dict[str, tuple[str, str]] = {}
     refused = {}
     for name, t in types.items():
-        if name == "model.embed_tokens.weight" and keep_embedding:
-            routes[name] = ("bf16", "keep_embedding: the token embedding stays bf16"
+        if name == "model.embed_tokens.weight" and (keep_embedding or embedding_why):
+            routes[name] = ("bf16", (embedding_why or "keep_embedding") + ": the token embedding stays bf16"
                             + (" (the tied head reads it)" if tied else ""))
         elif t in repack.FORMATS:
             routes[name] = ("repack", f"{t} codes kept as {cpu_int4.NAME} g32")
@@ -206,7 +206,9 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
     names = {g: hf_name(src, g, fam) for g in tensors}
     types = {names[g]: t.tensor_type.name for g, t in tensors.items() if len(t.shape) == 2}
     routes = plan_routes(types, requantize=want["requantize"], keep_embedding=want["keep_embedding"],
-                         tied=tied, path=str(src))
+                         tied=tied, path=str(src),
+                         embedding_why=None if fam.quantized_embedding else
+                         f"vLLM's {fam.hf_class} builds its embedding unquantized")
     groups = layer_groups(types, routes)
     # llama.cpp permuted the q/k rows of rope-permuted families only
     rows_order = {"self_attn.q_proj": heads, "self_attn.k_proj": kv_heads} if fam.rope_permuted else {}

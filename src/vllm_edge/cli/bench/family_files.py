@@ -9,11 +9,14 @@ import json
 from vllm_edge.cli.args import add_threads
 
 NAME = "family-files"
-HELP = "GGUF files of qwen2, qwen3 and phi3 from the default model's weights, quantized by llama.cpp"
+HELP = ("GGUF files of qwen2, qwen3 and phi3 from the default model's weights, and gemma2 from Gemma 3 "
+        "270M's, quantized by llama.cpp")
 DESCRIPTION = ("Rewrites the default model's BF16 GGUF export as each family's file (qwen2: q/k/v "
-               "biases; qwen3: q/k norms; phi3: fused qkv and gate/up) and quantizes it with llama.cpp's "
-               "own quantizer, once (default directory $VLLM_EDGE_HOME/models/families). Prints the "
-               "paths as JSON. Needs the [baselines] extra.")
+               "biases; qwen3: q/k norms; phi3: fused qkv and gate/up), and the Gemma 3 270M file of "
+               "its PyPI package as a Gemma 2 one (its q/k norms folded into constant row scales, "
+               "Gemma 2's soft-caps), and quantizes each with llama.cpp's own quantizer, once "
+               "(default directory $VLLM_EDGE_HOME/models/families). Prints the paths as JSON. "
+               "Needs the [baselines] extra.")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:

@@ -6,7 +6,9 @@ and a ``llama`` file gets GPT-2's split even where the file asks for single digi
 ``smollm``). llama.cpp splits by the file's own name. So for the BPE files whose names we map
 (the table below) the saved tokenizer carries that split itself, under the generic class that
 loads ``tokenizer.json`` as written; any other name keeps transformers' reading, with a warning.
-Checked against llama.cpp's own tokenizer on files of each mapped name
+One limit is transformers': it loads a ``qwen2`` model's tokenizer as Qwen2Tokenizer whatever the
+saved class (``FORCED_SPLIT``), so a qwen2 file naming another split is warned about, not mended.
+Checked against llama.cpp's own tokenizer on files of each mapped name, loaded as a build is
 (``tests/models/test_gguf_pretokenizer.py``).
 """
 
@@ -42,6 +44,10 @@ def _qwen2() -> Any:
 
 # llama.cpp's tokenizer.ggml.pre names -> the same split in Hugging Face's tokenizers
 PRE_TOKENIZERS: dict[str, Callable[[], Any]] = {"gpt-2": _gpt2, "smollm": _smollm, "qwen2": _qwen2}
+# architectures whose tokenizer transformers (5.x) loads as its own class whatever the saved
+# tokenizer_config names (MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS), with the split that class
+# builds: a file of one naming another split is tokenized that class's way by vLLM too
+FORCED_SPLIT = {"qwen2": "qwen2"}
 
 
 def honour(tok: Any, metadata: dict, src: Path) -> Any:
@@ -58,6 +64,11 @@ def honour(tok: Any, metadata: dict, src: Path) -> Any:
                        "tokenizer splits text as transformers does for this architecture, which "
                        "llama.cpp may not", src, name, ", ".join(PRE_TOKENIZERS))
         return tok
+    arch = metadata.get("general.architecture")
+    if FORCED_SPLIT.get(arch, name) != name:
+        logger.warning("%s: the file names the pre-tokenizer %r, but transformers loads every %s model's "
+                       "tokenizer as its own class, which splits text as %r: vLLM will tokenize some text "
+                       "unlike llama.cpp (runs of newlines and spaces)", src, name, arch, FORCED_SPLIT[arch])
     backend = tok.backend_tokenizer
     backend.pre_tokenizer = build()
     backend.normalizer = None  # llama.cpp normalizes no BPE text

@@ -368,20 +368,27 @@ def test_a_quantized_file_is_also_scored_against_its_exact_weights(tmp_path, mon
     assert compare.SAME_ARM in names and compare.EXACT_REF_ARM not in names
 
 
-def test_the_rows_against_the_exact_weights_say_which_engine_is_closer(fake_arm, grid_kwargs, tmp_path):
+def _fidelity_doc(fake_arm, grid_kwargs, tmp_path, arms: list[tuple[str, dict]]) -> tuple[Path, Path]:
+    """A compare run whose fidelity grid holds ``arms`` (name, the line each run prints), and its
+    page: (artifact directory, page)."""
     out = _write_compare_out(fake_arm, grid_kwargs, tmp_path)
     fspec = {"name": "compare-fidelity", "metrics": compare.FIDELITY_METRICS,
-             "arms": [fake_arm(compare.SAME_REF_ARM, [{"benchmark": "fidelity-reference"}]),
-                      fake_arm(compare.SAME_ARM, [{"top1_agreement": 0.91, "kl_mean": 0.0022, "kl_p99": 0.01}]),
-                      fake_arm(compare.EXACT_REF_ARM, [{"benchmark": "fidelity-reference"}]),
-                      fake_arm(compare.EXACT_FILE_ARM, [{"top1_agreement": 0.936, "kl_mean": 0.0015,
-                                                         "kl_p99": 0.005}]),
-                      fake_arm(compare.EXACT_ARM, [{"top1_agreement": 0.948, "kl_mean": 0.0006, "kl_p99": 0.003}])]}
+             "arms": [fake_arm(name, [line]) for name, line in arms]}
     shutil.rmtree(out / "fidelity")
     work = {k: v for k, v in grid_kwargs.items() if k not in ("out_dir", "lock_path")}
     grid.run_grid(fspec, 1, out / "fidelity", lock_path=tmp_path / "l3", **work)
     doc = tmp_path / "docs" / "comparisons.md"
     compare.write_doc(out, doc)
+    return out, doc
+
+
+def test_the_rows_against_the_exact_weights_say_which_engine_is_closer(fake_arm, grid_kwargs, tmp_path):
+    _, doc = _fidelity_doc(fake_arm, grid_kwargs, tmp_path, [
+        (compare.SAME_REF_ARM, {"benchmark": "fidelity-reference"}),
+        (compare.SAME_ARM, {"top1_agreement": 0.91, "kl_mean": 0.0022, "kl_p99": 0.01}),
+        (compare.EXACT_REF_ARM, {"benchmark": "fidelity-reference"}),
+        (compare.EXACT_FILE_ARM, {"top1_agreement": 0.936, "kl_mean": 0.0015, "kl_p99": 0.005}),
+        (compare.EXACT_ARM, {"top1_agreement": 0.948, "kl_mean": 0.0006, "kl_p99": 0.003})])
     text = doc.read_text()
     assert "both against the file's exact weights" in text
     head = "| vllm-cpu_int4 / llamacpp-file | fidelity {} (each vs the file's exact weights) | {} | {} | {} |"
@@ -397,15 +404,9 @@ def test_the_rows_against_the_exact_weights_say_which_engine_is_closer(fake_arm,
 
 
 def test_the_same_file_row_is_rendered_with_its_reference(fake_arm, grid_kwargs, tmp_path):
-    out = _write_compare_out(fake_arm, grid_kwargs, tmp_path)
-    fspec = {"name": "compare-fidelity", "metrics": compare.FIDELITY_METRICS,
-             "arms": [fake_arm(compare.SAME_REF_ARM, [{"benchmark": "fidelity-reference"}]),
-                      fake_arm(compare.SAME_ARM, [{"top1_agreement": 0.957, "kl_mean": 0.0061, "kl_p99": 0.05}])]}
-    shutil.rmtree(out / "fidelity")
-    work = {k: v for k, v in grid_kwargs.items() if k not in ("out_dir", "lock_path")}
-    grid.run_grid(fspec, 1, out / "fidelity", lock_path=tmp_path / "l3", **work)
-    doc = tmp_path / "docs" / "comparisons.md"
-    compare.write_doc(out, doc)
+    out, doc = _fidelity_doc(fake_arm, grid_kwargs, tmp_path, [
+        (compare.SAME_REF_ARM, {"benchmark": "fidelity-reference"}),
+        (compare.SAME_ARM, {"top1_agreement": 0.957, "kl_mean": 0.0061, "kl_p99": 0.05})])
     text = doc.read_text()
     assert "vLLM against llama.cpp on the same file" in text
     row = next(line for line in text.splitlines() if line.startswith(f"| {compare.SAME_ARM} | {compare.FILE_ARM} |"))

@@ -423,7 +423,9 @@ def fidelity_spec(paths: dict[str, Path], *, ref_dir: Path, out_dir: Path, threa
                                             str(paths["vllm-cpu_int4"]), "--ref", str(same_ref), *kl,
                                             "--out", str(out_dir / fidelity_file(SAME_ARM)),
                                             *common, "--enforce-eager"]}]
-        if _quantized(paths[FILE_ARM]):
+        from vllm_edge.bench.engines.llamacpp import is_quantized
+
+        if is_quantized(paths[FILE_ARM]):  # a float file's own weights are already exact
             exact_ref = ref_dir.with_name(ref_dir.name + "-exact-weights")
             arms += [{"name": EXACT_REF_ARM, "cmd": [python, "-m", "vllm_edge.cli", "fidelity", "--engine",
                                                      "llama.cpp", "--dequantized", "--model",
@@ -441,13 +443,6 @@ def fidelity_spec(paths: dict[str, Path], *, ref_dir: Path, out_dir: Path, threa
     return {"name": "compare-fidelity", "threads": threads, "model": str(next(iter(paths.values()))),
             "metrics": FIDELITY_METRICS, "timeout_s": ARM_TIMEOUT_S,
             "arms": arms}
-
-
-def _quantized(gguf: Path) -> bool:
-    """Whether the file holds a quantized matrix (a float file's own weights are already exact)."""
-    from vllm_edge.bench.engines import llamacpp as llamacpp_runner
-
-    return llamacpp_runner.is_quantized(gguf)
 
 
 # --- judging pairs -------------------------------------------------------------

@@ -76,6 +76,33 @@ def parse_families(text: str | None) -> tuple[str, ...]:
     return names
 
 
+def _source_file(src: Path, arch: str, why: str) -> tuple[Any, dict]:
+    """``src``'s reader and metadata, refused unless its architecture is ``arch``."""
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
+    if meta.get("general.architecture") != arch:
+        raise FamilyFileError(f"{src}: general.architecture is {meta.get('general.architecture')!r}; {why}")
+    return r, meta
+
+
+def _copy_fields(r: Any, w: Any, src_arch: str, dst_arch: str, *, values: dict | None = None,
+                 skip: tuple[str, ...] = ()) -> None:
+    """Every metadata field of reader ``r`` into writer ``w``, ``src_arch``'s keys renamed to
+    ``dst_arch``'s; ``values`` replaces a field's value (by its source key), ``skip`` drops keys
+    (by prefix). The architecture is the writer's own."""
+    import gguf
+
+    values = values or {}
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture" or k.startswith(skip):
+            continue
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(k.replace(f"{src_arch}.", f"{dst_arch}.", 1) if k.startswith(f"{src_arch}.") else k,
+                        values.get(k, f.contents()), f.types[0], sub_type=sub)
+
+
 def rewrite(src: str | os.PathLike, dst: str | os.PathLike, arch: str, *, bias_std: float = 0.1,
             seed: int = 0, layers: int | None = None, force: bool = False) -> Path:
     """A llama GGUF (``src``) rewritten as ``arch``'s file, written atomically to ``dst``.
@@ -95,11 +122,7 @@ def rewrite(src: str | os.PathLike, dst: str | os.PathLike, arch: str, *, bias_s
     if arch not in FROM_LLAMA:
         raise FamilyFileError(f"{arch!r}: the families rewritten from a llama file are {', '.join(FROM_LLAMA)}")
     src, dst = Path(src).expanduser().resolve(), Path(dst).expanduser().resolve()
-    r = gguf.GGUFReader(str(src))
-    meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
-    if meta.get("general.architecture") != "llama":
-        raise FamilyFileError(f"{src}: general.architecture is {meta.get('general.architecture')!r}; "
-                              "the rewrite starts from a llama file")
+    r, meta = _source_file(src, "llama", "the rewrite starts from a llama file")
     rng = np.random.default_rng(seed)
     heads, kv_heads = meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]
     head = meta["llama.embedding_length"] // heads
@@ -118,13 +141,7 @@ def rewrite(src: str | os.PathLike, dst: str | os.PathLike, arch: str, *, bias_s
 
     with atomic.file_path(dst, inputs=[src], force=force, is_ours=written_by_us) as tmp:
         w = gguf.GGUFWriter(str(tmp), arch)
-        for k, f in r.fields.items():
-            if k.startswith("GGUF.") or k == "general.architecture":
-                continue
-            value = keep if k == "llama.block_count" else f.contents()
-            sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-            w.add_key_value(k.replace("llama.", f"{arch}.", 1) if k.startswith("llama.") else k,
-                            value, f.types[0], sub_type=sub)
+        _copy_fields(r, w, "llama", arch, values={"llama.block_count": keep})
         if arch == "qwen3":
             w.add_key_length(head)
             w.add_value_length(head)
@@ -222,11 +239,7 @@ def gemma2_from_gemma3(src: str | os.PathLike, dst: str | os.PathLike, *, scales
     from vllm_edge.models.gguf_export import EXPORTER_VERSION, written_by_us
 
     src, dst = Path(src).expanduser().resolve(), Path(dst).expanduser().resolve()
-    r = gguf.GGUFReader(str(src))
-    meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
-    if meta.get("general.architecture") != "gemma3":
-        raise FamilyFileError(f"{src}: general.architecture is {meta.get('general.architecture')!r}; "
-                              "gemma2 is made from a gemma3 file")
+    r, meta = _source_file(src, "gemma3", "gemma2 is made from a gemma3 file")
     heads, kv_heads = meta["gemma3.attention.head_count"], meta["gemma3.attention.head_count_kv"]
     head = meta["gemma3.attention.key_length"]
     tensors = {t.name: t for t in r.tensors}
@@ -243,13 +256,8 @@ def gemma2_from_gemma3(src: str | os.PathLike, dst: str | os.PathLike, *, scales
     renamed = {"gemma3.rope.freq_base": GEMMA2_ROPE_BASE, "general.name": f"{meta.get('general.name', 'Gemma 3')} as Gemma 2"}
     with atomic.file_path(dst, inputs=[src], force=force, is_ours=written_by_us) as tmp:
         w = gguf.GGUFWriter(str(tmp), GEMMA2)
-        for k, f in r.fields.items():
-            if k.startswith("GGUF.") or k in ("general.architecture", "general.file_type", "general.converted_by") \
-                    or k.startswith("gemma3.rope.freq_base_swa"):
-                continue
-            sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-            w.add_key_value(k.replace("gemma3.", "gemma2.", 1) if k.startswith("gemma3.") else k,
-                            renamed.get(k, f.contents()), f.types[0], sub_type=sub)
+        _copy_fields(r, w, "gemma3", GEMMA2, values=renamed,
+                     skip=("general.file_type", "general.converted_by", "gemma3.rope.freq_base_swa"))
         w.add_file_type(int(gguf.LlamaFileType.MOSTLY_BF16))
         w.add_string("general.converted_by", EXPORTER_VERSION)  # ours: make() may replace it, nothing else
         w.add_float32("gemma2.attn_logit_softcapping", GEMMA2_SOFTCAPS[0])

@@ -38,14 +38,23 @@ def _lp(v: Any) -> float:
     return float(v.logprob if hasattr(v, "logprob") else v)
 
 
+def completion_text(tokenizer: Any, item: dict) -> str | None:
+    """A fidelity prompt as a base model (no chat template) reads it, its messages' text; None
+    for a tokenizer with a template, which renders the messages."""
+    if hasattr(tokenizer, "chat_template") and not tokenizer.chat_template:
+        return "\n".join(m["content"] for m in item["messages"])
+    return None
+
+
 def chat_prompt_ids(tokenizer: Any, items: Sequence[dict] | None = None) -> list[list[int]]:
     """The prompts as token ids: through the chat template, or, for a base model without one,
     as a plain completion of the messages' text (with the BOS its tokenizer adds)."""
     items = P.fidelity_prompts() if items is None else items
     out = []
     for p in items:
-        if hasattr(tokenizer, "chat_template") and not tokenizer.chat_template:
-            out.append(list(tokenizer("\n".join(m["content"] for m in p["messages"])).input_ids))
+        plain = completion_text(tokenizer, p)
+        if plain is not None:
+            out.append(list(tokenizer(plain).input_ids))
             continue
         ids = tokenizer.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True)
         if hasattr(ids, "keys"):  # BatchEncoding in newer transformers

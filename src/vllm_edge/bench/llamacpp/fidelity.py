@@ -16,7 +16,9 @@ full-vocabulary KL that llama.cpp's full logits allow is added as
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -79,16 +81,18 @@ def tokenizer_agreement(gguf: str | Path, tokenizer, items: list[dict], prompt_i
     ``tokenizer.ggml.add_bos_token``)."""
     from llama_cpp import Llama
 
+    from vllm_edge.bench.fidelity import engine as fidelity
+
     llm = Llama(model_path=str(gguf), vocab_only=True, verbose=False)
     try:
         differs: list[str] = []
         for item, ours in zip(items, prompt_ids):
-            if getattr(tokenizer, "chat_template", None):
+            plain = fidelity.completion_text(tokenizer, item)
+            if plain is None:
                 text = tokenizer.apply_chat_template(item["messages"], add_generation_prompt=True, tokenize=False)
                 theirs = llm.tokenize(text.encode(), add_bos=False, special=True)
-            else:  # as chat_prompt_ids: the messages' text, a completion
-                theirs = llm.tokenize("\n".join(m["content"] for m in item["messages"]).encode(),
-                                      add_bos=True, special=True)
+            else:  # a base model's completion: each side adds the BOS its settings ask for
+                theirs = llm.tokenize(plain.encode(), add_bos=True, special=True)
             if list(theirs) != list(ours):
                 differs.append(item["id"])
     finally:
@@ -171,15 +175,13 @@ def against_reference(gguf: str | Path, *, save_ref: str | None = None, ref: str
         k = fidelity.DEFAULT_K
         greedy_tokens = greedy_tokens or fidelity.DEFAULT_GREEDY_TOKENS
     if dequantized:
-        import tempfile
-
         build = f"{gguf.name} (llama.cpp on an F32 copy, every tensor dequantized: the exact weights)"
-        with tempfile.TemporaryDirectory(prefix="vllm-edge-f32-") as td:
+    with (tempfile.TemporaryDirectory(prefix="vllm-edge-f32-") if dequantized else contextlib.nullcontext()) as td:
+        runs = gguf
+        if td:
             print(f"[fidelity] dequantizing {gguf.name} to an F32 copy in {td}", file=sys.stderr, flush=True)
-            f32 = gguf_verify.dequantized_copy(gguf, Path(td) / f"{gguf.stem}.f32.gguf")
-            data = collect(f32, prompt_ids, chunks, k, greedy_tokens, tok.eos_id, threads)
-    else:
-        data = collect(gguf, prompt_ids, chunks, k, greedy_tokens, tok.eos_id, threads)
+            runs = gguf_verify.dequantized_copy(gguf, Path(td) / f"{gguf.stem}.f32.gguf")
+        data = collect(runs, prompt_ids, chunks, k, greedy_tokens, tok.eos_id, threads)
     prov = provenance.collect(model=gguf, threads=threads)
     engine = {"engine": "llama.cpp", "threads": threads}
     if save_ref is not None:

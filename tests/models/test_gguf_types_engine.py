@@ -72,7 +72,7 @@ def _vllm_score(run_llm, model_dir, reference):
                                 prompt_ids=reference["prompt_ids"], chunks=reference["chunks"])
         methods = llm.apply_model(lambda m: sorted({type(x.quant_method).__name__ for x in m.modules()
                                                     if getattr(x, "quant_method", None) is not None}))
-        packed = llm.apply_model(lambda m: sum(1 for x in m.modules() if getattr(x, "cpu_int8_planes", 0)))
+        packed = llm.apply_model(lambda m: sum(1 for x in m.modules() if getattr(x, "lowbit_parts", None)))
         return fidelity.score(reference, data), methods[0], packed[0]
 
     return run_llm(use, model=str(model_dir), enforce_eager=True, max_model_len=512, max_logprobs=K,

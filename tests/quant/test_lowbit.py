@@ -1,7 +1,7 @@
 """cpu_int8's packed layout: the packing is exact, the product, the prefill route and the row
 lookup equal the int8 formulation they replace, a wrong plane is caught, and vLLM's layers and
-embeddings pack at load (freeing their int8 codes), 5- and 6-bit codes at their own width and
-8-bit ones as two nibble planes."""
+embeddings pack at load (freeing their int8 codes), 4-, 5- and 6-bit codes at their own width
+and 8-bit ones as two nibble planes; a fused layer whose parts differ, part by part."""
 
 from __future__ import annotations
 
@@ -57,12 +57,12 @@ def close(y, ref, k):
     return bool(((y.double() - ref).abs() <= bound).all())
 
 
-@pytest.mark.parametrize("planes", [1, 2, 4])
+@pytest.mark.parametrize("planes", [0, 1, 2, 4])
 def test_packing_is_exact_and_finds_the_planes(planes):
     q, s, z = codes(192, 96, 32, planes)
     assert lowbit.planes_for(q) == planes
     p = lowbit.pack(q, s, z, 32)
-    assert p.planes == planes and p.offset == {1: 16, 2: 32, 4: 128}[planes]
+    assert p.planes == planes and p.offset == {0: 8, 1: 16, 2: 32, 4: 128}[planes]
     assert torch.equal(lowbit.unpack_codes(p.nibbles, p.high, planes), q)
     assert torch.equal(p.scale, s.t()) and torch.equal(p.zero, z.t())
     # 4 + planes bits per code (8 for two nibble planes), fp16 scale and offset per group of 32
@@ -91,7 +91,8 @@ def _nh(p):
 
 @needs_kernel
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9, 16])
-@pytest.mark.parametrize("planes,group,offsets", [(1, 32, False), (1, 32, True), (2, 16, False),
+@pytest.mark.parametrize("planes,group,offsets", [(0, 32, True), (0, 16, False),
+                                                  (1, 32, False), (1, 32, True), (2, 16, False),
                                                   (2, 16, True), (1, 64, True), (2, 32, True),
                                                   (4, 32, False), (4, 16, True), (4, 64, True)])
 def test_the_product_equals_the_dequantized_matmul(m, planes, group, offsets):
@@ -106,7 +107,7 @@ def test_the_product_equals_the_dequantized_matmul(m, planes, group, offsets):
 
 @needs_kernel
 @pytest.mark.parametrize("m", [1, 3, 7])
-@pytest.mark.parametrize("planes,group", [(1, 32), (2, 16), (4, 32)])
+@pytest.mark.parametrize("planes,group", [(0, 32), (1, 32), (2, 16), (4, 32)])
 def test_every_width_takes_int8_activations_only_where_switched_on(m, planes, group):
     """Each switch position gives its own formulation: the bf16 product the exact values, the
     int8-activation one (where built with AVX512-VNNI) the rounded activations' values, which
@@ -134,7 +135,7 @@ def test_every_width_takes_int8_activations_only_where_switched_on(m, planes, gr
 
 
 @needs_kernel
-@pytest.mark.parametrize("planes,group", [(1, 32), (2, 16), (4, 32)])
+@pytest.mark.parametrize("planes,group", [(0, 32), (1, 32), (2, 16), (4, 32)])
 def test_scale_prefetch_never_changes_a_result(planes, group):
     """The scales and offsets prefetched some groups ahead (more than the layer has, too) or
     not at all: the same bits, with either activation route."""
@@ -158,7 +159,7 @@ def test_scale_prefetch_never_changes_a_result(planes, group):
 
 
 @needs_kernel
-@pytest.mark.parametrize("planes", [1, 2, 4])
+@pytest.mark.parametrize("planes", [0, 1, 2, 4])
 def test_the_dequantizers_give_the_int8_values(planes):
     q, s, z = codes(128, 96, 16, planes)
     p = lowbit.pack(q, s, z, 16)
@@ -205,7 +206,7 @@ def test_a_wrong_high_nibble_plane_is_caught():
     assert not torch.equal(lowbit.unpack_codes(p.nibbles, high, 4), q)
 
 
-@pytest.mark.parametrize("planes", [1, 2, 4])
+@pytest.mark.parametrize("planes", [0, 1, 2, 4])
 def test_rows_looked_up_from_the_packed_table_are_the_int8_rows(planes, monkeypatch):
     """The kernel's lookup and the torch route it falls back to, against cpu_int8's own."""
     q, s, z = codes(256, 96, 32, planes)
@@ -256,7 +257,7 @@ def _layer(planes, group=32, rows=192):
 
 
 @needs_kernel
-@pytest.mark.parametrize("planes", [1, 2, 4])
+@pytest.mark.parametrize("planes", [0, 1, 2, 4])
 def test_a_vllm_layer_packs_its_codes_at_load(vllm_dist, planes):
     layer, q, s, z = _layer(planes)
     assert layer.cpu_int8_planes == planes and layer.weight_int8 is None
@@ -271,7 +272,7 @@ def test_a_vllm_layer_packs_its_codes_at_load(vllm_dist, planes):
 
 def test_a_vllm_layer_outside_whole_blocks_keeps_its_codes(vllm_dist):
     layer, q, s, z = _layer(4, rows=96)
-    assert not getattr(layer, "cpu_int8_planes", 0)
+    assert not getattr(layer, "lowbit_parts", None)
     assert torch.equal(layer.weight_int8.data, q)
     x = torch.randn(2, 128).to(torch.bfloat16)
     assert close(layer(x)[0], reference(x, q, s, z, 32), 128)
@@ -296,7 +297,7 @@ def test_a_vllm_embedding_and_the_head_tied_to_it_run_from_the_packed_table(vllm
     head = head.tie_weights(emb)
     head.quant_method.process_weights_after_loading(head)
     packed = lowbit.supported()
-    assert bool(getattr(emb, "cpu_int8_planes", 0)) == packed and (emb.weight_int8 is None) == packed
+    assert bool(getattr(emb, "lowbit_parts", None)) == packed and (emb.weight_int8 is None) == packed
     ids = torch.tensor([0, 7, 255, 64])
     assert torch.equal(emb(ids), int8.gather_rows(q, s, z, 32, ids))
     x = torch.randn(3, 128).to(torch.bfloat16)
@@ -309,7 +310,7 @@ def test_the_switch_keeps_int8(vllm_dist, monkeypatch):
     lowbit.supported.cache_clear()
     try:
         layer, q, _, _ = _layer(1)
-        assert not getattr(layer, "cpu_int8_planes", 0) and torch.equal(layer.weight_int8.data, q)
+        assert not getattr(layer, "lowbit_parts", None) and torch.equal(layer.weight_int8.data, q)
     finally:
         monkeypatch.delenv("VLLM_EDGE_LOWBIT")
         lowbit.supported.cache_clear()
@@ -329,3 +330,100 @@ def test_the_cpp_op_gives_the_python_routes_bits():
             got = torch.ops.vllm_edge.lowbit_linear(x, p.nibbles, p.high, p.scale, p.zero, 32, planes)
             assert got.shape == (2, m, 256)
             assert torch.equal(got, int8_ops.lowbit_impl(x, p.nibbles, p.high, p.scale, p.zero, 32, planes))
+
+
+# --- a fused layer's parts -----------------------------------------------------------------
+
+def _pairs(t):
+    """[N, K/32] values stored at group 16: each repeated over two groups, as a Q4_K part of a
+    layer fused with a Q6_K one is written."""
+    return t.repeat_interleave(2, dim=1)
+
+
+def test_scales_are_read_at_the_widest_group_over_which_they_repeat():
+    q, s, z = codes(64, 128, 32, 0)
+    assert lowbit.coarsest_group(_pairs(s), _pairs(z), 16) == 32
+    assert lowbit.coarsest_group(_pairs(s), None, 16) == 32
+    zz = _pairs(z).clone()
+    zz[5, 2] += 1e-3  # one offset that does not repeat keeps the narrow group
+    assert lowbit.coarsest_group(_pairs(s), zz, 16) == 16
+    s4 = s[:, :2].repeat_interleave(4, dim=1)
+    assert lowbit.coarsest_group(s4, None, 16) == lowbit.MAX_GROUP == 32  # not past llama.cpp's blocks
+    assert lowbit.coarsest_group(s, z, 32) == 32
+    spec = lowbit.part_spec(q, _pairs(s), _pairs(z), 16)
+    assert (spec.group, spec.planes, spec.zero, spec.packed) == (32, 0, True, True)
+    assert spec.bits() == 64 * 128 * 4 + 64 * 4 * 16 * 2
+
+
+def test_the_layout_splits_a_layer_only_where_its_parts_differ():
+    qk = lowbit.PartSpec(128, 128, 32, 0, True, True)
+    v = lowbit.PartSpec(64, 128, 16, 2, False, True)
+    assert lowbit.layout([qk, qk, v]) == [qk, qk, v]
+    assert lowbit.layout([v, v]) == [lowbit.PartSpec(128, 128, 16, 2, False, True)]
+    # a part that cannot be packed alone: the whole layer at its widest codes and narrowest group
+    odd = lowbit.PartSpec(96, 128, 16, 1, False, False)
+    assert lowbit.layout([qk, odd, v]) == [lowbit.PartSpec(288, 128, 16, 2, True, False)]
+    # k and v of 32 rows each: neither alone, but the layer's 192 rows are whole blocks
+    assert lowbit.layout([qk, lowbit.PartSpec(32, 128, 32, 0, True, False),
+                          lowbit.PartSpec(32, 128, 16, 2, False, False)]) == [
+        lowbit.PartSpec(192, 128, 16, 2, True, True)]
+
+
+def _qkv_codes():
+    """q (128 rows) and k (64) with 4-bit codes and offsets whose values repeat in pairs of
+    16-column groups, v (64) with 6-bit codes and none: a layer of a Q4_K_M file."""
+    parts = []
+    for rows, planes, seed in ((128, 0, 1), (64, 0, 2), (64, 2, 3)):
+        q, s, z = codes(rows, 128, 32 if planes == 0 else 16, planes, seed=seed, offsets=planes == 0)
+        parts.append((q, _pairs(s) if planes == 0 else s,
+                      _pairs(z) if planes == 0 else torch.zeros_like(s)))
+    return parts
+
+
+def test_a_fused_layers_parts_pack_apart_and_read_fewer_bytes():
+    parts = _qkv_codes()
+    q, s, z = (torch.cat(t) for t in zip(*parts))
+    packed = lowbit.pack_parts(q, s, z, 16, [128, 64, 64])
+    assert [(p.group, p.planes, p.zero is None) for p in packed] == [(32, 0, False), (32, 0, False), (16, 2, True)]
+    for p, (pq, _, _) in zip(packed, parts):
+        assert torch.equal(lowbit.unpack_codes(p.nibbles, p.high, p.planes), pq)
+    whole = lowbit.pack(q, s, z, 16)
+    assert whole.planes == 2
+    # q and k at 4 + 1 bits, v at 6 + 1, against 6 + 2 for every row
+    assert sum(p.nbytes() for p in packed) * 8 == 192 * 128 * 5 + 64 * 128 * 7 < whole.nbytes() * 8
+    spec = [lowbit.part_spec(*p, 16) for p in parts]
+    assert sum(x.bits() for x in lowbit.layout(spec)) == sum(p.nbytes() for p in packed) * 8
+    # sizes that do not add up to the rows: the layer as one part
+    assert len(lowbit.pack_parts(q, s, z, 16, [128, 64])) == 1
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", [1, 3, 40])
+def test_a_vllm_qkv_layer_runs_its_parts_each_at_its_width(vllm_dist, m):
+    """QKVParallelLinear loaded shard by shard: q and k at 4 bits and group 32, v at 6 bits and
+    group 16, one product each; the output is each part's own product, and at prefill sizes
+    the int8 values' matmul."""
+    from vllm.model_executor.layers.linear import QKVParallelLinear
+
+    from vllm_edge.quant.int8_config import CpuInt8Config
+
+    layer = QKVParallelLinear(128, 64, 2, 1, bias=False, quant_config=CpuInt8Config(16),
+                              prefix="model.layers.0.self_attn.qkv_proj", params_dtype=torch.bfloat16)
+    parts = _qkv_codes()
+    for shard, (q, s, z) in zip("qkv", parts):
+        for name, t in (("weight_int8", q), ("weight_scale", s), ("weight_zero", z)):
+            param = getattr(layer, name)
+            param.weight_loader(param, t, shard)
+    layer.quant_method.process_weights_after_loading(layer)
+    assert layer.lowbit_parts == ((32, 0), (32, 0), (16, 2)) and layer.weight_int8 is None
+    x = torch.randn(m, 128, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    out = layer(x)[0]
+    assert out.shape == (m, 256)
+    if m > int8_ops.GEMV_ROWS:
+        q, s, z = (torch.cat(t) for t in zip(*parts))
+        assert close(out, x.double() @ int8.dequantize(q, s, z, 16, torch.bfloat16).double().T, 128)
+        return
+    (q0, s0, z0), (q1, s1, z1), (q2, s2, _) = parts
+    ref = torch.cat([want(x, q0, s0[:, ::2], z0[:, ::2], 32, 0), want(x, q1, s1[:, ::2], z1[:, ::2], 32, 0),
+                     want(x, q2, s2, None, 16, 2)], dim=-1)
+    assert close(out, ref, 128)

@@ -284,15 +284,15 @@ def test_busy_port_fails_fast_and_clearly(server):
 def test_short_soak(server, tmp_path):
     from vllm_edge.bench import soak
 
-    result = soak.run_against(server["url"], server["pid"], duration_s=60, clients=8,
-                              warmup_s=20, sample_s=1.0)
+    result = soak.run_against(server["url"], server["pid"], duration_s=30, clients=8,
+                              warmup_s=10, sample_s=1.0)
     print(json.dumps({k: result[k] for k in ("requests", "by_class", "ttft_s", "tpot_s",
                                               "rss_anon")}, indent=1))
     assert result["requests"] >= 8
     assert result["http_5xx"] == 0
     assert result["errors"] == {}, result["errors_sample"]
     assert result["health_after"] == 200
-    assert len(result["rss_anon_samples"]) >= 30  # memory numbers are reported, not asserted
+    assert len(result["rss_anon_samples"]) >= 15  # memory numbers are reported, not asserted
     _alive(server)
 
 

@@ -43,7 +43,7 @@ from vllm_edge.quant.formats import cpu_int4, cpu_int8
 logger = logging.getLogger("vllm_edge.models")
 
 # Bump when the output changes, so cached repacks are redone.
-CONVERTER_VERSION = "gguf-repack/6"
+CONVERTER_VERSION = "gguf-repack/7"
 KIND = CONVERTER_VERSION.split("/")[0]
 REPORT_NAME = "repack_report.json"
 GROUP = 32
@@ -150,6 +150,18 @@ def layer_groups(types: dict[str, str], routes: dict[str, tuple[str, str]]) -> d
     return {n: min(own.get(s, g) for s in _fused_group(n)) for n, g in own.items()}
 
 
+def _runtime_bits(name: str, specs: dict[str, Any]) -> float:
+    """Bits per weight a decode step reads for weight ``name`` where cpu_int8's codes are packed
+    at load: as :mod:`vllm_edge.quant.int8_linear` packs its vLLM layer, a fused layer's parts
+    each on their own or all together (:func:`vllm_edge.quant.lowbit.layout`)."""
+    from vllm_edge.quant import lowbit
+
+    names = [s for s in _fused_group(name) if s in specs]
+    plan = lowbit.layout([specs[s] for s in names])
+    spec = plan[0] if len(plan) == 1 else plan[names.index(name)]
+    return spec.bits() / (spec.rows * spec.cols)
+
+
 def repack_gguf(src: str | os.PathLike, out: str | os.PathLike, *, requantize: bool = True,
                 keep_embedding: bool = False, force: bool = False, progress: bool = True) -> Path:
     """Write the cpu_int4 g32 checkpoint of GGUF ``src`` to ``out`` (atomically, with a
@@ -215,6 +227,7 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
 
     out_tensors: dict[str, torch.Tensor] = {}
     report: list[dict[str, Any]] = []
+    packed_specs: dict[str, Any] = {}
     for g, t in tqdm(tensors.items(), desc=f"repack {src.name}", unit="tensor", disable=not progress):
         name = names[g]
         dims = tuple(int(d) for d in t.shape)  # GGUF order: a row's length first
@@ -261,13 +274,17 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
         else:
             bits = n * k * 16
         entry["bits_per_weight"] = round(bits / (n * k), 4)
-        # what decode reads where cpu_int8's codes are packed at load (quant/lowbit.py)
-        runtime = (lowbit.runtime_bits(parts["weight_int8"], parts["weight_scale"], parts["weight_zero"],
-                                       entry["group"])
-                   if route == "repack8" else bits)
-        entry["runtime_bits_per_weight"] = round(runtime / (n * k), 4)
+        # what decode reads where cpu_int8's codes are packed at load (quant/lowbit.py); a fused
+        # layer's parts are settled below, once all of them are known
+        if route == "repack8":
+            packed_specs[name] = lowbit.part_spec(parts["weight_int8"], parts["weight_scale"],
+                                                  parts["weight_zero"], entry["group"])
+        entry["runtime_bits_per_weight"] = round(bits / (n * k), 4)
         entry["gguf_bits_per_weight"] = round(t.n_bytes * 8 / (n * k), 4)
         report.append(entry)
+    for entry in report:
+        if entry["name"] in packed_specs:
+            entry["runtime_bits_per_weight"] = round(_runtime_bits(entry["name"], packed_specs), 4)
 
     embed = routes["model.embed_tokens.weight"][0]
     layer_formats = {name[: -len(".weight")]: {"format": cpu_int8.NAME, "group_size": groups[name]}

@@ -36,7 +36,7 @@ class CpuInt8EmbeddingMethod(Int8WeightsMixin, QuantizeMethodBase):
 
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
         src = _source(layer)
-        if getattr(src, "cpu_int8_planes", 0):
+        if getattr(src, "lowbit_parts", None):
             out = int8_ops.lowbit_embedding(input_, src.lowbit_nibbles, src.lowbit_high, src.lowbit_scale,
                                             src.lowbit_zero, src.cpu_int8_group, src.cpu_int8_planes)
         else:

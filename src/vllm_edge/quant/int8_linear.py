@@ -7,6 +7,9 @@ is repacked after loading. An all-zero offset (the quantizer's symmetric codes, 
 Q8_0, Q5_0 and Q6_K) is dropped at load, so the product does not read it. Where :mod:`.lowbit`'s
 product runs, the codes are then repacked in place into its 64-row layout: 5 or 6 bits per
 weight for codes that fit (llama.cpp's 5- and 6-bit blocks), two nibble planes for 8-bit ones.
+A fused layer (q/k/v, gate/up) whose parts differ (a Q4_K q and k beside a Q6_K v, as a Q4_K_M
+file mixes them) is packed part by part, each at its own planes and group, and runs one product
+per part: its 4-bit rows are read at 4 bits, not at the 6 of the layer's widest part.
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ from vllm_edge.quant.linear import CheckpointError, _expected_rows, checkpoint_n
 PARAMS = ("weight_int8", "weight_scale", "weight_zero")
 _TRIM_EVERY = 8
 _packed_since_trim = [0]
+
+
+def lowbit_name(what: str, part: int) -> str:
+    """The layer attribute of a packed tensor (``nibbles``, ``high``, ``scale``, ``zero``) of a part."""
+    return f"lowbit_{what}" if part == 0 else f"lowbit_{what}_{part}"
 
 
 class Int8WeightsMixin:
@@ -116,20 +124,26 @@ class Int8WeightsMixin:
         if not lowbit.supported():
             return
         zero = layer.weight_zero.data if layer.weight_zero is not None else None
-        packed = lowbit.pack(layer.weight_int8.data, layer.weight_scale.data, zero, layer.cpu_int8_group)
-        if packed is None:  # a shape outside whole 64-row blocks
+        sizes = list(getattr(layer, "output_partition_sizes", None) or [layer.weight_int8.shape[0]])
+        parts = lowbit.pack_parts(layer.weight_int8.data, layer.weight_scale.data, zero,
+                                  layer.cpu_int8_group, sizes)
+        if parts is None:  # a shape outside whole 64-row blocks
             return
         for name in PARAMS:
             if isinstance(getattr(layer, name, None), Parameter):
                 delattr(layer, name)
             setattr(layer, name, None)
-        for name, t in (("lowbit_nibbles", packed.nibbles), ("lowbit_high", packed.high),
-                        ("lowbit_scale", packed.scale), ("lowbit_zero", packed.zero)):
-            if t is None:
-                setattr(layer, name, None)
-            else:
-                layer.register_parameter(name, Parameter(t, requires_grad=False))
-        layer.cpu_int8_planes = packed.planes
+        for i, packed in enumerate(parts):
+            for what, t in (("nibbles", packed.nibbles), ("high", packed.high),
+                            ("scale", packed.scale), ("zero", packed.zero)):
+                name = lowbit_name(what, i)
+                if t is None:
+                    setattr(layer, name, None)
+                else:
+                    layer.register_parameter(name, Parameter(t, requires_grad=False))
+        layer.lowbit_parts = tuple((p.group, p.planes) for p in parts)
+        # the first part's, which is the whole table of an embedding (one part)
+        layer.cpu_int8_group, layer.cpu_int8_planes = parts[0].group, parts[0].planes
         int8_ops.load_lowbit_op()
         _packed_since_trim[0] += 1
         if _packed_since_trim[0] >= _TRIM_EVERY:
@@ -141,10 +155,18 @@ class Int8WeightsMixin:
             _packed_since_trim[0] = 0
 
     def matmul(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if getattr(layer, "cpu_int8_planes", 0):
-            return int8_ops.lowbit_linear(x, layer.lowbit_nibbles, layer.lowbit_high, layer.lowbit_scale,
-                                          layer.lowbit_zero, layer.cpu_int8_group,
-                                          layer.cpu_int8_planes, bias=bias)
+        parts = getattr(layer, "lowbit_parts", None)
+        if parts:
+            ys = [int8_ops.lowbit_linear(x, getattr(layer, lowbit_name("nibbles", i)),
+                                         getattr(layer, lowbit_name("high", i)),
+                                         getattr(layer, lowbit_name("scale", i)),
+                                         getattr(layer, lowbit_name("zero", i)), group, planes,
+                                         bias=bias if len(parts) == 1 else None)
+                  for i, (group, planes) in enumerate(parts)]
+            if len(ys) == 1:
+                return ys[0]
+            y = torch.cat(ys, dim=-1)
+            return y if bias is None else y + bias
         return int8_ops.linear(x, layer.weight_int8, layer.weight_scale, layer.weight_zero,
                                layer.cpu_int8_group, bias=bias)
 

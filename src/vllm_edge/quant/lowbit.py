@@ -41,9 +41,13 @@ from vllm_edge.quant import int8, native
 logger = logging.getLogger("vllm_edge.quant")
 SOURCES = (Path(__file__).with_name("csrc") / "lowbit_gemv.c",)
 BLOCK_ROWS = 64
-# planes -> the offset that makes a signed code unsigned: 1 plane holds [-16, 15], 2 [-32, 31];
-# 4 is a second nibble plane, [-128, 127]
-OFFSETS = {1: 16, 2: 32, 4: 128}
+# planes -> the offset that makes a signed code unsigned: no plane holds [-8, 7], 1 [-16, 15],
+# 2 [-32, 31]; 4 is a second nibble plane, [-128, 127]
+OFFSETS = {0: 8, 1: 16, 2: 32, 4: 128}
+# a part's scales are read at a coarser group where they repeat exactly, up to this width: the
+# int8-activation product rounds activations per weight group, and llama.cpp's own blocks
+# (Q4_K's sub-blocks, Q5_0, Q8_0) are 32 wide
+MAX_GROUP = 32
 WIDE = 4
 _PACK_BLOCKS = 16
 
@@ -72,7 +76,7 @@ class Packed:
 
 
 def planes_for(q: torch.Tensor) -> int | None:
-    """1 or 2 high-bit planes when every signed code fits 5 or 6 bits, else 4 (two nibble
+    """0, 1 or 2 high-bit planes when every signed code fits 4, 5 or 6 bits, else 4 (two nibble
     planes) for int8 codes; None for an empty tensor."""
     if q.numel() == 0:
         return None
@@ -80,15 +84,73 @@ def planes_for(q: torch.Tensor) -> int | None:
     return next((p for p, off in OFFSETS.items() if -off <= lo and hi < off), None)
 
 
-def runtime_bits(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int) -> int:
-    """Bits a decode step reads for this cpu_int8 weight where the packed product runs (an
-    AVX512-BF16/VBMI/BW/BMI2 CPU): 4 + planes per code that fits 5 or 6 bits, else 8; fp16 scales;
-    the offsets only when one is not zero (an all-zero offset is dropped at load)."""
+@dataclass(frozen=True)
+class PartSpec:
+    """How one part of a layer (a shard of a fused layer, or the whole of another) is packed."""
+
+    rows: int
+    cols: int
+    group: int
+    planes: int | None       # the fewest planes its codes fit (None: no codes)
+    zero: bool               # whether an offset is read
+    packed: bool             # False: the codes stay row-major (a shape the product cannot take)
+
+    def bits(self) -> int:
+        """Bits a decode step reads for this part: 4 + planes per code (8 when row-major or for
+        8-bit codes), 16 per fp16 scale, and 16 per offset when one is read."""
+        code = min(4 + self.planes, 8) if self.packed else 8
+        return self.rows * self.cols * code + self.rows * (self.cols // self.group) * 16 * (1 + int(self.zero))
+
+
+def coarsest_group(scale: torch.Tensor, zero: torch.Tensor | None, group: int) -> int:
+    """The widest group, up to :data:`MAX_GROUP` and dividing the columns, over which every
+    scale and offset of ``scale``/``zero`` [N, K/group] repeats exactly: reading them at that
+    group gives the same weights. A Q4_K part of a layer fused with a Q6_K one is stored at the
+    layer's group 16, its values repeating in pairs."""
+    k = scale.shape[1] * group
+    best = group
+    for wide in range(group * 2, max(MAX_GROUP, group) + 1, group):
+        r = wide // group
+        if wide % 16 or k % wide:
+            continue
+        if all(t is None or bool((t.view(t.shape[0], -1, r) == t[:, ::r, None]).all()) for t in (scale, zero)):
+            best = wide
+    return best
+
+
+def regroup(t: torch.Tensor | None, group: int, wide: int) -> torch.Tensor | None:
+    """[N, K/group] values that repeat over ``wide`` columns, read at ``wide`` (exact)."""
+    return None if t is None else t[:, :: wide // group].contiguous()
+
+
+def part_spec(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int) -> PartSpec:
+    """How :func:`pack` would pack these codes on their own."""
     n, k = q.shape
-    planes = planes_for(q) if fits(n, k, group) else None
-    code_bits = min(4 + planes, 8) if planes else 8
-    groups = n * (k // group)
-    return n * k * code_bits + groups * 16 * (1 + int(zero is not None and bool(zero.any())))
+    wide = coarsest_group(scale, zero, group)
+    planes = planes_for(q)
+    packed = planes is not None and fits(n, k, wide)
+    return PartSpec(n, k, wide if packed else group, planes, zero is not None and bool(zero.any()), packed)
+
+
+def layout(specs: list[PartSpec]) -> list[PartSpec]:
+    """The parts a layer is packed in: one, when its parts agree (or one of them cannot be packed
+    alone: then the layer's fewest planes and group for all its rows), else each part its own,
+    so the 4-bit rows of a layer fused with 6-bit ones are not read at 6 bits."""
+    if len({(s.group, s.planes, s.zero) for s in specs}) == 1 or not all(s.packed for s in specs):
+        rows, cols = sum(s.rows for s in specs), specs[0].cols
+        # every part's values repeat over the narrowest part's group (16 divides 32)
+        group = min(s.group for s in specs)
+        planes = None if any(s.planes is None for s in specs) else max(s.planes for s in specs)
+        return [PartSpec(rows, cols, group, planes, any(s.zero for s in specs),
+                         planes is not None and fits(rows, cols, group))]
+    return list(specs)
+
+
+def runtime_bits(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int) -> int:
+    """Bits a decode step reads for this cpu_int8 weight packed on its own, where the packed
+    product runs (an AVX512-BF16/VBMI/BW/BMI2 CPU); see :class:`PartSpec`. A fused layer's
+    parts are counted with :func:`layout`."""
+    return part_spec(q, scale, zero, group).bits()
 
 
 def fits(n: int, k: int, group: int) -> bool:
@@ -104,7 +166,7 @@ def pack(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group:
     n, k = q.shape
     if not fits(n, k, group):
         return None
-    planes = planes or planes_for(q)
+    planes = planes if planes is not None else planes_for(q)
     if planes is None:
         return None
     # a few blocks at a time, so the temporaries stay small beside the weight (a 262144-row
@@ -136,6 +198,32 @@ def pack(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group:
         high = high.view(torch.int32)
     zero_t = None if zero is None or not zero.any() else zero.t().contiguous()
     return Packed(nibbles, high, scale.t().contiguous(), zero_t, group, planes)
+
+
+def pack_parts(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int,
+               sizes: list[int]) -> list[Packed] | None:
+    """A layer's codes packed as :func:`layout` says for its parts of ``sizes`` rows (vLLM's
+    output partitions: q, k, v or gate, up), each at its coarsest exact group; None when the
+    layer cannot be packed. Exact: every value kept."""
+    if sum(sizes) != q.shape[0] or not sizes:
+        sizes = [q.shape[0]]
+    bounds = [0]
+    for n in sizes:
+        bounds.append(bounds[-1] + n)
+    parts = [(q[a:b], scale[a:b], None if zero is None else zero[a:b]) for a, b in zip(bounds, bounds[1:])]
+    plan = layout([part_spec(*p, group) for p in parts])
+    if len(plan) == 1:
+        spec = plan[0]
+        if not spec.packed:
+            return None
+        packed = pack(q, regroup(scale, group, spec.group), regroup(zero, group, spec.group), spec.group,
+                      spec.planes)
+        return None if packed is None else [packed]
+    out = []
+    for (pq, ps, pz), spec in zip(parts, plan):
+        out.append(pack(pq, regroup(ps, group, spec.group), regroup(pz, group, spec.group), spec.group,
+                        spec.planes))
+    return out if all(p is not None for p in out) else None
 
 
 def _nibble_layout(low: torch.Tensor) -> torch.Tensor:

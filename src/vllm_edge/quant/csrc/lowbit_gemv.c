@@ -2,12 +2,13 @@
  * codes such as Q8_0): Y[M, N] = X[M, K] W^T reading about 5 or 6 bits per weight where the
  * codes fit, in the int4 product's 64-row layout in every case.
  *
- * A weight is w = (u - off) * s + z, u the unsigned code (0..31 or 0..63), off 16 or 32, s and
- * z fp16 per group of kg input columns (z absent: 0). The codes are split in two:
+ * A weight is w = (u - off) * s + z, u the unsigned code (0..15, 0..31 or 0..63), off 8, 16 or
+ * 32, s and z fp16 per group of kg input columns (z absent: 0). The codes are split in two:
  *  - the low nibbles in the AVX-512 int4 product's layout (int4_gemv.c): blocks of 64 output
  *    rows stored [K][32] bytes, byte (k, j) = row j (low nibble) | row j+32 (high nibble);
  *  - the high bits as bit planes, one 64-bit mask per (block, k-quad, plane, row quarter):
  *    bit 4j+t of mask (b, q, plane, i) is bit 4+plane of u at row 64b+16i+j, column 4q+t.
+ *    4-bit codes (a Q4_K part of a layer fused with a 6-bit one) have no plane: planes == 0.
  *    That is the byte order of VPDPBUSD's operands (four k-steps per 32-bit lane), so with
  *    int8 activations a plane is one masked byte add of 16 << plane. The bf16 product takes
  *    a k-pair's half of the mask with one PEXT (BMI2): bit 2j+t, the word order of its bf16
@@ -97,7 +98,8 @@ int edge_lowbit_openmp(void) {
 
 static int shape_ok(int64_t M, int64_t n, int64_t k, int64_t kg, int64_t planes, int64_t off) {
   return M >= 1 && n >= 64 && n % 64 == 0 && k >= 32 && k % 32 == 0 && kg >= 16 && kg % 16 == 0 &&
-         k % kg == 0 && (planes == 1 || planes == 2 || planes == 4) && off == (planes == 4 ? 128 : 16 << (planes - 1));
+         k % kg == 0 && (planes == 0 || planes == 1 || planes == 2 || planes == 4) &&
+         off == (planes == 4 ? 128 : planes == 0 ? 8 : 16 << (planes - 1));
 }
 
 /* what sum (words) x adds to sum u x per unit of sum x: 128 + off, plus 16 * 128 for the
@@ -114,6 +116,7 @@ static inline int lowbit_code(const uint8_t* nib, const uint8_t* hib, int64_t k,
   const int64_t at = b * k * 32 + c * 32 + (jj % 32);
   int u = (nib[at] >> shift) & 15;
   if (planes == 4) return u | (((hib[at] >> shift) & 15) << 4);
+  if (planes == 0) return u;
   const uint64_t* hm = (const uint64_t*)hib + (b * (k / 4) + c / 4) * planes * 4 + (jj % 64) / 16;
   const int bit = (int)(4 * (jj % 16) + (c & 3));
   u |= (int)((hm[0] >> bit) & 1u) << 4;
@@ -141,8 +144,9 @@ static inline __attribute__((always_inline)) void lowbit_words(const uint8_t* pb
   const uint64_t* hm = hb + (kk / 4) * planes * 4;
   const uint64_t half = (kk & 2) ? 0xCCCCCCCCCCCCCCCCull : 0x3333333333333333ull;
   const __m512i add16 = _mm512_set1_epi16(16), add32 = _mm512_set1_epi16(32);
-  for (int i = 0; i < 4; i++)
-    a[i] = _mm512_mask_add_epi16(a[i], _cvtu32_mask32((uint32_t)_pext_u64(hm[i], half)), a[i], add16);
+  if (planes >= 1)
+    for (int i = 0; i < 4; i++)
+      a[i] = _mm512_mask_add_epi16(a[i], _cvtu32_mask32((uint32_t)_pext_u64(hm[i], half)), a[i], add16);
   if (planes == 2)
     for (int i = 0; i < 4; i++)
       a[i] = _mm512_mask_add_epi16(a[i], _cvtu32_mask32((uint32_t)_pext_u64(hm[4 + i], half)), a[i], add32);
@@ -257,7 +261,8 @@ static inline __attribute__((always_inline)) void act8_block_m(
         u[1] = _mm512_and_si512(pb, low);
         u[2] = _mm512_and_si512(_mm512_srli_epi16(pa, 4), low);
         u[3] = _mm512_and_si512(_mm512_srli_epi16(pb, 4), low);
-        for (int i = 0; i < 4; i++) u[i] = _mm512_mask_add_epi8(u[i], _cvtu64_mask64(hm[i]), u[i], add16);
+        if (planes >= 1)
+          for (int i = 0; i < 4; i++) u[i] = _mm512_mask_add_epi8(u[i], _cvtu64_mask64(hm[i]), u[i], add16);
         if (planes == 2)
           for (int i = 0; i < 4; i++) u[i] = _mm512_mask_add_epi8(u[i], _cvtu64_mask64(hm[4 + i]), u[i], add32);
       }
@@ -336,7 +341,9 @@ static int act8_gemv(const uint8_t* nib, const uint8_t* hib, const uint16_t* s, 
     for (int64_t u = lo; u < hi; u++) {
       const int64_t b = u / chunks, m0 = (u % chunks) * LOWBIT_MAX_M;
       const int64_t mm = M - m0 < LOWBIT_MAX_M ? M - m0 : LOWBIT_MAX_M;
-      if (planes == 1) {
+      if (planes == 0) {
+        ACT8_ROWS(0)
+      } else if (planes == 1) {
         ACT8_ROWS(1)
       } else if (planes == 2) {
         ACT8_ROWS(2)
@@ -446,7 +453,14 @@ int edge_lowbit_gemv(const uint8_t* nib, const uint8_t* hib, const uint16_t* s, 
       const float* sxm = sx + m0 * groups;
       uint16_t* ym = y + m0 * n;
       const int64_t mm = M - m0 < LOWBIT_MAX_M ? M - m0 : LOWBIT_MAX_M;
-      if (planes == 1) {
+      if (planes == 0) {
+        switch (mm) {
+          case 1: LOWBIT_CASE(1, 0); break;
+          case 2: LOWBIT_CASE(2, 0); break;
+          case 3: LOWBIT_CASE(3, 0); break;
+          default: LOWBIT_CASE(4, 0); break;
+        }
+      } else if (planes == 1) {
         switch (mm) {
           case 1: LOWBIT_CASE(1, 1); break;
           case 2: LOWBIT_CASE(2, 1); break;

@@ -43,7 +43,7 @@ at::Tensor lowbit_linear(const at::Tensor& x, const at::Tensor& nibbles, const a
                 "vllm_edge::lowbit_linear: zero must match scale");
     zp = reinterpret_cast<const uint16_t*>(zero->const_data_ptr());
   }
-  const int64_t off = planes == 4 ? 128 : planes == 2 ? 32 : 16;  // lowbit.OFFSETS
+  const int64_t off = planes == 4 ? 128 : planes == 2 ? 32 : planes == 1 ? 16 : 8;  // lowbit.OFFSETS
   const at::Tensor x2 = x.reshape({-1, k}).contiguous();
   const int64_t m = x2.size(0);
   const auto* nb = nibbles.const_data_ptr<uint8_t>();

@@ -355,11 +355,19 @@ def test_scales_are_read_at_the_widest_group_over_which_they_repeat():
     assert spec.bits() == 64 * 128 * 4 + 64 * 4 * 16 * 2
 
 
-def test_the_layout_splits_a_layer_only_where_its_parts_differ():
-    qk = lowbit.PartSpec(128, 128, 32, 0, True, True)
-    v = lowbit.PartSpec(64, 128, 16, 2, False, True)
-    assert lowbit.layout([qk, qk, v]) == [qk, qk, v]
-    assert lowbit.layout([v, v]) == [lowbit.PartSpec(128, 128, 16, 2, False, True)]
+def test_the_layout_splits_a_layer_only_where_its_parts_differ_and_it_saves_a_products_cost():
+    # the 1B Llama's qkv in a Q4_K_M file: Q4_K q and k, Q6_K v
+    q, k = lowbit.PartSpec(2048, 2048, 32, 0, True, True), lowbit.PartSpec(512, 2048, 32, 0, True, True)
+    v = lowbit.PartSpec(512, 2048, 16, 2, False, True)
+    assert lowbit.layout([q, k, v]) == [q, k, v]
+    assert lowbit.layout([v, v]) == [lowbit.PartSpec(1024, 2048, 16, 2, False, True)]
+    # SmolLM2's: Q5_0 q and k beside Q6_K v save 83 KB, under two products' cost: one product
+    small = [lowbit.PartSpec(576, 576, 32, 1, False, True), lowbit.PartSpec(192, 576, 32, 1, False, True),
+             lowbit.PartSpec(192, 576, 16, 2, False, True)]
+    merged = lowbit.PartSpec(960, 576, 16, 2, False, True)
+    assert lowbit.layout(small) == [merged]
+    assert (merged.bits() - sum(x.bits() for x in small)) // 8 < 2 * lowbit.MIN_SPLIT_BYTES
+    qk, v = lowbit.PartSpec(128, 128, 32, 0, True, True), lowbit.PartSpec(64, 128, 16, 2, False, True)
     # a part that cannot be packed alone: the whole layer at its widest codes and narrowest group
     odd = lowbit.PartSpec(96, 128, 16, 1, False, False)
     assert lowbit.layout([qk, odd, v]) == [lowbit.PartSpec(288, 128, 16, 2, True, False)]
@@ -380,7 +388,8 @@ def _qkv_codes():
     return parts
 
 
-def test_a_fused_layers_parts_pack_apart_and_read_fewer_bytes():
+def test_a_fused_layers_parts_pack_apart_and_read_fewer_bytes(monkeypatch):
+    monkeypatch.setattr(lowbit, "MIN_SPLIT_BYTES", 0)  # a small layer: split whatever it saves
     parts = _qkv_codes()
     q, s, z = (torch.cat(t) for t in zip(*parts))
     packed = lowbit.pack_parts(q, s, z, 16, [128, 64, 64])
@@ -393,13 +402,16 @@ def test_a_fused_layers_parts_pack_apart_and_read_fewer_bytes():
     assert sum(p.nbytes() for p in packed) * 8 == 192 * 128 * 5 + 64 * 128 * 7 < whole.nbytes() * 8
     spec = [lowbit.part_spec(*p, 16) for p in parts]
     assert sum(x.bits() for x in lowbit.layout(spec)) == sum(p.nbytes() for p in packed) * 8
-    # sizes that do not add up to the rows: the layer as one part
+    # sizes that do not add up to the rows: the layer as one part; so too where splitting saves
+    # less than the products it adds would cost
     assert len(lowbit.pack_parts(q, s, z, 16, [128, 64])) == 1
+    monkeypatch.undo()
+    assert [p.nbytes() for p in lowbit.pack_parts(q, s, z, 16, [128, 64, 64])] == [whole.nbytes()]
 
 
 @needs_kernel
 @pytest.mark.parametrize("m", [1, 3, 40])
-def test_a_vllm_qkv_layer_runs_its_parts_each_at_its_width(vllm_dist, m):
+def test_a_vllm_qkv_layer_runs_its_parts_each_at_its_width(vllm_dist, m, monkeypatch):
     """QKVParallelLinear loaded shard by shard: q and k at 4 bits and group 32, v at 6 bits and
     group 16, one product each; the output is each part's own product, and at prefill sizes
     the int8 values' matmul."""
@@ -407,6 +419,7 @@ def test_a_vllm_qkv_layer_runs_its_parts_each_at_its_width(vllm_dist, m):
 
     from vllm_edge.quant.int8_config import CpuInt8Config
 
+    monkeypatch.setattr(lowbit, "MIN_SPLIT_BYTES", 0)  # a small layer: split whatever it saves
     layer = QKVParallelLinear(128, 64, 2, 1, bias=False, quant_config=CpuInt8Config(16),
                               prefix="model.layers.0.self_attn.qkv_proj", params_dtype=torch.bfloat16)
     parts = _qkv_codes()

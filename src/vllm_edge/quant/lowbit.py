@@ -48,6 +48,12 @@ OFFSETS = {0: 8, 1: 16, 2: 32, 4: 128}
 # int8-activation product rounds activations per weight group, and llama.cpp's own blocks
 # (Q4_K's sub-blocks, Q5_0, Q8_0) are 32 wide
 MAX_GROUP = 32
+# a fused layer is split into one product per part only where each extra product saves at least
+# this many bytes: a call costs about 5 us (op dispatch, a thread team, the activations rounded
+# again), which at this machine class's 20-30 GB/s is some 100-150 KB. Measured warm, one row:
+# SmolLM2's qkv (960x576, Q5_0 q/k beside Q6_K v) ran 17.0 us in three parts against 8.3 us as
+# one, 83 KB saved; the 1B Llama's (3072x2048, Q4_K q/k) 51 us against 69 us, 2.1 MB saved
+MIN_SPLIT_BYTES = 256 << 10
 WIDE = 4
 _PACK_BLOCKS = 16
 
@@ -133,17 +139,20 @@ def part_spec(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, g
 
 
 def layout(specs: list[PartSpec]) -> list[PartSpec]:
-    """The parts a layer is packed in: one, when its parts agree (or one of them cannot be packed
-    alone: then the layer's fewest planes and group for all its rows), else each part its own,
-    so the 4-bit rows of a layer fused with 6-bit ones are not read at 6 bits."""
+    """The parts a layer is packed in: each part its own where the parts differ and splitting saves
+    :data:`MIN_SPLIT_BYTES` per extra product, so the 4-bit rows of a large layer fused with 6-bit
+    ones are not read at 6 bits; else one, at the layer's fewest planes and narrowest group for all
+    its rows."""
+    rows, cols = sum(s.rows for s in specs), specs[0].cols
+    # every part's values repeat over the narrowest part's group (16 divides 32)
+    group = min(s.group for s in specs)
+    planes = None if any(s.planes is None for s in specs) else max(s.planes for s in specs)
+    merged = PartSpec(rows, cols, group, planes, any(s.zero for s in specs),
+                      planes is not None and fits(rows, cols, group))
     if len({(s.group, s.planes, s.zero) for s in specs}) == 1 or not all(s.packed for s in specs):
-        rows, cols = sum(s.rows for s in specs), specs[0].cols
-        # every part's values repeat over the narrowest part's group (16 divides 32)
-        group = min(s.group for s in specs)
-        planes = None if any(s.planes is None for s in specs) else max(s.planes for s in specs)
-        return [PartSpec(rows, cols, group, planes, any(s.zero for s in specs),
-                         planes is not None and fits(rows, cols, group))]
-    return list(specs)
+        return [merged]
+    saved = (merged.bits() - sum(s.bits() for s in specs)) // 8
+    return list(specs) if saved >= MIN_SPLIT_BYTES * (len(specs) - 1) else [merged]
 
 
 def runtime_bits(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int) -> int:

@@ -67,7 +67,7 @@ def test_packing_is_exact_and_finds_the_planes(planes):
     assert torch.equal(p.scale, s.t()) and torch.equal(p.zero, z.t())
     # 4 + planes bits per code (8 for two nibble planes), fp16 scale and offset per group of 32
     assert p.nbytes() * 8 == 192 * 96 * min(4 + planes, 8) + 2 * 16 * 192 * 3
-    assert lowbit.runtime_bits(q, s, z, 32) == p.nbytes() * 8
+    assert lowbit.part_spec(q, s, z, 32).bits() == p.nbytes() * 8
 
 
 def test_codes_wider_than_six_bits_take_two_nibble_planes_and_odd_shapes_are_not_packed():
@@ -76,7 +76,7 @@ def test_codes_wider_than_six_bits_take_two_nibble_planes_and_odd_shapes_are_not
     assert lowbit.planes_for(q) == 4
     q[0, 0], q[1, 1] = -128, 127  # the whole int8 range
     assert torch.equal(lowbit.unpack_codes(*_nh(lowbit.pack(q, s, z, 32)), 4), q)
-    assert lowbit.runtime_bits(q, s, None, 32) == 64 * 64 * 8 + 64 * 2 * 16
+    assert lowbit.part_spec(q, s, None, 32).bits() == 64 * 64 * 8 + 64 * 2 * 16
     q, s, z = codes(72, 64, 32, 1)  # 72 rows: not whole 64-row blocks
     assert lowbit.pack(q, s, z, 32) is None
     q, s, z = codes(64, 64, 8, 1)   # a group of 8 columns
@@ -260,7 +260,7 @@ def _layer(planes, group=32, rows=192):
 @pytest.mark.parametrize("planes", [0, 1, 2, 4])
 def test_a_vllm_layer_packs_its_codes_at_load(vllm_dist, planes):
     layer, q, s, z = _layer(planes)
-    assert layer.cpu_int8_planes == planes and layer.weight_int8 is None
+    assert layer.lowbit_parts == ((32, planes),) and layer.weight_int8 is None
     assert "weight_int8" not in dict(layer.named_parameters())
     assert torch.equal(lowbit.unpack_codes(layer.lowbit_nibbles.data, layer.lowbit_high.data, planes), q)
     for m in (1, 7, 40):

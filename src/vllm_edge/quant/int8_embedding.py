@@ -37,8 +37,9 @@ class CpuInt8EmbeddingMethod(Int8WeightsMixin, QuantizeMethodBase):
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
         src = _source(layer)
         if getattr(src, "lowbit_parts", None):
+            (group, planes), = src.lowbit_parts  # a table is one part
             out = int8_ops.lowbit_embedding(input_, src.lowbit_nibbles, src.lowbit_high, src.lowbit_scale,
-                                            src.lowbit_zero, src.cpu_int8_group, src.cpu_int8_planes)
+                                            src.lowbit_zero, group, planes)
         else:
             out = int8_ops.embedding(input_, src.weight_int8, src.weight_scale, src.weight_zero,
                                      src.cpu_int8_group)

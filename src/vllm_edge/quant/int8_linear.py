@@ -142,8 +142,6 @@ class Int8WeightsMixin:
                 else:
                     layer.register_parameter(name, Parameter(t, requires_grad=False))
         layer.lowbit_parts = tuple((p.group, p.planes) for p in parts)
-        # the first part's, which is the whole table of an embedding (one part)
-        layer.cpu_int8_group, layer.cpu_int8_planes = parts[0].group, parts[0].planes
         int8_ops.load_lowbit_op()
         _packed_since_trim[0] += 1
         if _packed_since_trim[0] >= _TRIM_EVERY:
@@ -157,15 +155,10 @@ class Int8WeightsMixin:
     def matmul(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         parts = getattr(layer, "lowbit_parts", None)
         if parts:
-            ys = [int8_ops.lowbit_linear(x, getattr(layer, lowbit_name("nibbles", i)),
-                                         getattr(layer, lowbit_name("high", i)),
-                                         getattr(layer, lowbit_name("scale", i)),
-                                         getattr(layer, lowbit_name("zero", i)), group, planes,
-                                         bias=bias if len(parts) == 1 else None)
+            ys = [int8_ops.lowbit_linear(x, *(getattr(layer, lowbit_name(what, i))
+                                              for what in ("nibbles", "high", "scale", "zero")), group, planes)
                   for i, (group, planes) in enumerate(parts)]
-            if len(ys) == 1:
-                return ys[0]
-            y = torch.cat(ys, dim=-1)
+            y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
             return y if bias is None else y + bias
         return int8_ops.linear(x, layer.weight_int8, layer.weight_scale, layer.weight_zero,
                                layer.cpu_int8_group, bias=bias)

@@ -130,7 +130,9 @@ def regroup(t: torch.Tensor | None, group: int, wide: int) -> torch.Tensor | Non
 
 
 def part_spec(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int) -> PartSpec:
-    """How :func:`pack` would pack these codes on their own."""
+    """How :func:`pack` would pack these codes on their own (its :meth:`PartSpec.bits`: what a
+    decode step reads for them where the packed product runs); a fused layer's parts are
+    settled by :func:`layout`."""
     n, k = q.shape
     wide = coarsest_group(scale, zero, group)
     planes = planes_for(q)
@@ -153,13 +155,6 @@ def layout(specs: list[PartSpec]) -> list[PartSpec]:
         return [merged]
     saved = (merged.bits() - sum(s.bits() for s in specs)) // 8
     return list(specs) if saved >= MIN_SPLIT_BYTES * (len(specs) - 1) else [merged]
-
-
-def runtime_bits(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int) -> int:
-    """Bits a decode step reads for this cpu_int8 weight packed on its own, where the packed
-    product runs (an AVX512-BF16/VBMI/BW/BMI2 CPU); see :class:`PartSpec`. A fused layer's
-    parts are counted with :func:`layout`."""
-    return part_spec(q, scale, zero, group).bits()
 
 
 def fits(n: int, k: int, group: int) -> bool:

@@ -406,6 +406,13 @@ static void lowbit_dequant_t_block(const uint8_t* nib, const uint8_t* hib, const
 
 #define LOWBIT_CASE(MM, PL) \
   lowbit_block_m(nib, hib, s, z, base, xm, x16m, sxm, ym, n, k, kg, b, MM, PL, pick0, pick1)
+#define LOWBIT_ROWS(PL)              \
+  switch (mm) {                      \
+    case 1: LOWBIT_CASE(1, PL); break; \
+    case 2: LOWBIT_CASE(2, PL); break; \
+    case 3: LOWBIT_CASE(3, PL); break; \
+    default: LOWBIT_CASE(4, PL); break; \
+  }
 #endif
 
 /* Y (bf16 [M, N], row stride N) = X (bf16 [M, K]) W^T on `threads` OpenMP threads, each
@@ -454,33 +461,13 @@ int edge_lowbit_gemv(const uint8_t* nib, const uint8_t* hib, const uint16_t* s, 
       uint16_t* ym = y + m0 * n;
       const int64_t mm = M - m0 < LOWBIT_MAX_M ? M - m0 : LOWBIT_MAX_M;
       if (planes == 0) {
-        switch (mm) {
-          case 1: LOWBIT_CASE(1, 0); break;
-          case 2: LOWBIT_CASE(2, 0); break;
-          case 3: LOWBIT_CASE(3, 0); break;
-          default: LOWBIT_CASE(4, 0); break;
-        }
+        LOWBIT_ROWS(0)
       } else if (planes == 1) {
-        switch (mm) {
-          case 1: LOWBIT_CASE(1, 1); break;
-          case 2: LOWBIT_CASE(2, 1); break;
-          case 3: LOWBIT_CASE(3, 1); break;
-          default: LOWBIT_CASE(4, 1); break;
-        }
+        LOWBIT_ROWS(1)
       } else if (planes == 2) {
-        switch (mm) {
-          case 1: LOWBIT_CASE(1, 2); break;
-          case 2: LOWBIT_CASE(2, 2); break;
-          case 3: LOWBIT_CASE(3, 2); break;
-          default: LOWBIT_CASE(4, 2); break;
-        }
+        LOWBIT_ROWS(2)
       } else {
-        switch (mm) {
-          case 1: LOWBIT_CASE(1, 4); break;
-          case 2: LOWBIT_CASE(2, 4); break;
-          case 3: LOWBIT_CASE(3, 4); break;
-          default: LOWBIT_CASE(4, 4); break;
-        }
+        LOWBIT_ROWS(4)
       }
     }
   }

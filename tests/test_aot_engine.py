@@ -1,5 +1,10 @@
 """Real engine, default multiprocess executor: the plugin runs inside the worker, the AOT
-artifact saved by a cold start is loaded by the next one, and the bug returns without the patch."""
+artifact saved by a cold start is loaded by the next one and answers as the compiled graph did,
+and the bug returns without the patch.
+
+The model is a 2-layer synthetic one with the default model's tokenizer: the mechanism does not
+depend on the depth, and each compile is about 20 s shorter than the 30-layer default's (three
+starts, two of them compiles)."""
 
 from __future__ import annotations
 
@@ -12,12 +17,17 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def starts(tmp_path_factory, default_model_dir):
+    from vllm_edge.models import synthetic
+
+    work = tmp_path_factory.mktemp("aot")
+    model = str(synthetic.build(work / "tiny", synthetic.Shape.derive(256, 2, 49152),
+                                tokenizer_from=default_model_dir, progress=False))
     # Its own compile cache: this test is about caching.
-    root = tmp_path_factory.mktemp("vllm-cache")
+    root = work / "vllm-cache"
     # `run --multiprocess`: vLLM's default executor, with its engine-core and worker processes.
-    cold = aot_bench.one_start("default", root, multiprocess=True)
-    warm = aot_bench.one_start("default", root, multiprocess=True)
-    unpatched = aot_bench.one_start("default", root, {"VLLM_EDGE_PATCH_AOT_CACHE": "0"},
+    cold = aot_bench.one_start(model, root, multiprocess=True)
+    warm = aot_bench.one_start(model, root, multiprocess=True)
+    unpatched = aot_bench.one_start(model, root, {"VLLM_EDGE_PATCH_AOT_CACHE": "0"},
                                     multiprocess=True)
     return cold, warm, unpatched
 
@@ -57,6 +67,8 @@ def test_without_the_patch_the_upstream_bug_recompiles(starts):
     assert unpatched["num_aot_compiles"] == 1
 
 
-def test_run_answers_paris(starts):
-    for s in starts:
-        assert "Paris" in s["answer"], s["answer"]
+def test_the_loaded_graph_answers_as_the_compiled_one(starts):
+    # greedy (`run`'s default temperature): the loaded artifact computes what the compile made
+    cold, warm, unpatched = starts
+    assert cold["answer"].strip(), cold
+    assert warm["answer"] == cold["answer"] == unpatched["answer"]

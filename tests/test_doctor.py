@@ -24,6 +24,28 @@ def plain_text():
     return run_cli("doctor", timeout=300).stdout
 
 
+# Switches that touch separate parts of the report, set together: one run each for the JSON and
+# the text report instead of one per switch (each run costs seconds of vLLM import).
+SWITCHED_JSON = {"VLLM_EDGE_LOG_LEVEL": "WARNING", "VLLM_EDGE_THREADS": "1",
+                 "VLLM_EDGE_RMSNORM_PROVIDER": "1", "VLLM_API_KEY": ""}
+SWITCHED_TEXT = {"VLLM_EDGE_INT4_GEMV": "0", "VLLM_EDGE_INT4_NATIVE_OP": "0",
+                 "VLLM_API_KEY": "hunter2-key"}
+
+
+@pytest.fixture(scope="module")
+def switched_json():
+    proc = run_cli("doctor", "-o", "json", env=SWITCHED_JSON, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def switched_text():
+    proc = run_cli("doctor", env=SWITCHED_TEXT, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
 def test_doctor_reports_the_aot_patch_applied(plain_json):
     report = plain_json
     states = {p["name"]: p["state"] for p in report["patches"]}
@@ -43,16 +65,14 @@ def test_doctor_fails_naming_a_patch_whose_target_is_missing():
     assert "WARNING" in proc.stderr and "'aot_cache'" in proc.stderr
 
 
-def test_doctor_json_lists_env_in_effect():
-    proc = run_cli("doctor", "-o", "json", env={"VLLM_EDGE_LOG_LEVEL": "WARNING"}, timeout=300)
-    assert json.loads(proc.stdout)["env"]["VLLM_EDGE_LOG_LEVEL"] == "WARNING"
+def test_doctor_json_lists_env_in_effect(switched_json):
+    assert switched_json["env"]["VLLM_EDGE_LOG_LEVEL"] == "WARNING"
 
 
-def test_doctor_prints_the_edge_mode_choices_with_reasons(default_model_dir, plain_text):
+def test_doctor_prints_the_edge_mode_choices_with_reasons(default_model_dir, plain_text, switched_json):
     import os
 
-    proc = run_cli("doctor", "-o", "json", env={"VLLM_EDGE_THREADS": "1"}, timeout=300)
-    edge = json.loads(proc.stdout)["edge_mode"]
+    edge = switched_json["edge_mode"]
     assert edge["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert edge["env"]["OMP_NUM_THREADS"] == "1"
     assert "VLLM_EDGE_THREADS=1" in edge["reasons"]["OMP_NUM_THREADS"]
@@ -86,9 +106,9 @@ def test_doctor_detects_the_torchvision_trap(tmp_path):
     assert "torchvision::nms" in proc.stdout
 
 
-def test_doctor_shows_the_norm_provider_and_whether_it_is_in_the_default_priority(plain_json, plain_text):
-    off = plain_json
-    on = json.loads(run_cli("doctor", "-o", "json", env={"VLLM_EDGE_RMSNORM_PROVIDER": "1"}, timeout=300).stdout)
+def test_doctor_shows_the_norm_provider_and_whether_it_is_in_the_default_priority(plain_json, plain_text,
+                                                                                  switched_json):
+    off, on = plain_json, switched_json
     (p_off,), (p_on,) = off["ir_providers"], on["ir_providers"]
     assert p_off["provider"] == p_on["provider"] == "edge_cpu"
     assert p_off["supported"] and p_off["ops"] == {"rms_norm": "registered", "fused_add_rms_norm": "registered"}
@@ -102,7 +122,7 @@ def test_doctor_shows_the_norm_provider_and_whether_it_is_in_the_default_priorit
     assert "not in the default priority" in text and "--ir-op-priority" in text
 
 
-def test_doctor_names_the_cpu_int4_kernels(plain_json):
+def test_doctor_names_the_cpu_int4_kernels(plain_json, switched_text):
     from vllm_edge.quant import native
 
     kernels = plain_json["cpu_int4_kernels"]
@@ -115,10 +135,9 @@ def test_doctor_names_the_cpu_int4_kernels(plain_json):
     assert ("int4_gemv32.c" in kernels["small_batches"]) == (product32 and not product)
     assert kernels["native_op"]  # its state, reported without building it
     assert not kernels["native_op"].startswith("loaded")
-    off = run_cli("doctor", env={"VLLM_EDGE_INT4_GEMV": "0"}, timeout=300)
-    assert "cpu_int4 kernels: batches up to the dequantization threshold -> tinygemm" in off.stdout
-    off = run_cli("doctor", env={"VLLM_EDGE_INT4_NATIVE_OP": "0"}, timeout=300)
-    assert "cpu_int4 native op (vllm_edge::int4_gemv): off (VLLM_EDGE_INT4_NATIVE_OP=0)" in off.stdout
+    off = switched_text.stdout  # both switches off
+    assert "cpu_int4 kernels: batches up to the dequantization threshold -> tinygemm" in off
+    assert "cpu_int4 native op (vllm_edge::int4_gemv): off (VLLM_EDGE_INT4_NATIVE_OP=0)" in off
 
 
 def test_doctor_fails_naming_a_bad_environment_variable():
@@ -128,10 +147,9 @@ def test_doctor_fails_naming_a_bad_environment_variable():
     assert "Traceback" not in proc.stderr
 
 
-def test_doctor_says_whether_serve_demands_a_key_without_showing_it():
-    proc = run_cli("doctor", env={"VLLM_API_KEY": "hunter2-key"}, timeout=300)
+def test_doctor_says_whether_serve_demands_a_key_without_showing_it(switched_text, switched_json):
+    proc = switched_text
     assert "VLLM_API_KEY is set, so every server demands it" in proc.stdout
     assert "hunter2-key" not in proc.stdout + proc.stderr
-    proc = run_cli("doctor", "-o", "json", env={"VLLM_API_KEY": ""}, timeout=300)
-    sec = json.loads(proc.stdout)["serve_security"]
+    sec = switched_json["serve_security"]
     assert not sec["api_key_from_env"] and "needs --api-key" in sec["note"]

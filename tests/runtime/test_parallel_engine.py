@@ -1,7 +1,7 @@
 """Tensor and pipeline parallelism, and two nodes, on real engines: the plugin in every rank,
 cpu_int4 split along vLLM's partitions, and tokens equal to one rank.
 
-Models: SmolLM2-135M itself (9 query heads: vLLM cannot split it over 2 tensor ranks, so it
+Models: SmolLM2-135M's cpu_int4 build (9 query heads: vLLM cannot split it over 2 tensor ranks, so it
 runs pipeline-parallel), its padded-heads twin (12/4 heads, same function, q/k/v biases; see
 tests/support/padded_heads.py) and a random Qwen2 (Qwen2ForCausalLM, biases) for tensor
 parallelism. Each engine runs in its own process (tests/support/parallel_probe.py).
@@ -73,7 +73,7 @@ def models(twin, home, default_model_dir, default_int4_dir, tmp_path_factory) ->
     shutil.copytree(made, qwen2)
     (qwen2 / manifest.NAME).unlink()  # a folder from elsewhere: quantized on first use
     return {"twin": twin, "twin-int4": _quantized(twin, home), "qwen2-int4": _quantized(qwen2, home),
-            "smollm2": default_model_dir, "smollm2-int4": default_int4_dir}
+            "smollm2-int4": default_int4_dir}
 
 
 def _probe_run(model: Path, tp: int, pp: int, dtype: str) -> subprocess.CompletedProcess:
@@ -129,7 +129,9 @@ def test_tensor_parallel_equals_one_rank_in_float32(probe, name):
     assert two["env"]["VLLM_CPU_OMP_THREADS_BIND"].count("|") == 1  # one core set per rank
 
 
-@pytest.mark.parametrize("name", ["smollm2", "smollm2-int4"])
+# the plain model's stages are vLLM's own and run inside the int4 build's (its norms, attention
+# and the hand-over between stages): one engine pair fewer on 2 cores
+@pytest.mark.parametrize("name", ["smollm2-int4"])
 def test_pipeline_parallel_equals_one_rank(probe, name):
     one, two = probe(name, 1, 1), probe(name, 1, 2)
     assert two["tokens"] == one["tokens"]

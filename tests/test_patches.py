@@ -98,6 +98,7 @@ def test_load_all_is_idempotent_and_states_never_change(monkeypatch):
                                "hermes_json_end": State.APPLIED, "amx_attention": State.APPLIED,
                                "greedy_sampler": greedy, "slot_mapping_bind": State.APPLIED,
                                "pp_stage_buffer": State.APPLIED, "wna16_missing_op": State.APPLIED,
+                               "gemma2_embedding_quant": State.APPLIED,
                                "tokenizer_build_lists": State.APPLIED,
                                "tokenizer_copies": State.APPLIED,
                                "processor_template_probe": State.APPLIED,

@@ -44,6 +44,7 @@ def test_vllm_loads_the_plugin_and_it_is_reentrant():
                             "weight_huge_pages": "applied", "hermes_json_end": "applied", "amx_attention": "applied",
                             "greedy_sampler": greedy, "slot_mapping_bind": "applied",
                             "pp_stage_buffer": "applied", "wna16_missing_op": "applied",
+                            "gemma2_embedding_quant": "applied",
                             "tokenizer_build_lists": "applied",
                             "tokenizer_copies": "applied",
                             "processor_template_probe": "applied",

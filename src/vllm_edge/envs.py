@@ -80,6 +80,15 @@ _declare(
     "grow; benchmarks/results/grid/huge_pages/: decode with the switch on and off, interleaved.",
 )
 _declare(
+    "VLLM_EDGE_PATCH_GEMMA2_EMBEDDING", "bool", True,
+    "Build Gemma 2's token embedding (and so its tied head) with the checkpoint's quantization, "
+    "as vLLM does for Gemma 3 (patches/gemma2_embedding_quant.py). Off: Gemma 2 GGUF repacks "
+    "keep the embedding in bf16 (a separate build).",
+    "tests/test_patches_gemma2_embedding.py: the module name is rebound for the construction only; "
+    "tests/models/test_gguf_families_engine.py: a Gemma 2 repack runs its embedding and head in "
+    "cpu_int8.",
+)
+_declare(
     "VLLM_EDGE_PATCH_WNA16_MISSING_OP", "bool", True,
     "Make vLLM's CPU W4A16 kernel decline, with a reason, where its op is not built "
     "(patches/wna16_missing_op.py).",

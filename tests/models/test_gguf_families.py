@@ -98,13 +98,9 @@ def test_the_repack_keeps_codes_in_the_files_row_order(family_file):
     w, ref = load(rp), load(imported)
     report = json.loads((rp / gguf_repack.REPORT_NAME).read_text())
     chosen = types(arch)
-    if fam.quantized_embedding:  # the Q8_0 embedding keeps its codes as cpu_int8, and the tied head reads it
-        assert report["routes"] == {"repack": len(chosen) - 1, "repack8": 1}
-    else:  # vLLM's Gemma2ForCausalLM builds its embedding unquantized: it stays the import's bf16
-        assert report["routes"] == {"repack": len(chosen) - 1, "bf16": 1}
-        assert torch.equal(w["model.embed_tokens.weight"], ref["model.embed_tokens.weight"])
-        assert "builds its embedding unquantized" in next(
-            t["why"] for t in report["tensors"] if t["name"] == "model.embed_tokens.weight")
+    # the Q8_0 embedding keeps its codes as cpu_int8, and the tied head reads it (Gemma 2's with
+    # patches/gemma2_embedding_quant.py, on by default)
+    assert report["routes"] == {"repack": len(chosen) - 1, "repack8": 1}
     assert 0 < report["max_error_over_bound"] <= 1
     for g, t in gguf_tensors(src).items():
         name = gguf_repack.hf_name(src, g, fam)
@@ -303,3 +299,21 @@ def test_gemma2_local_layers_follow_llama_cpps_pattern(tmp_path, pattern, want):
     info.metadata.update(meta)
     got = "".join("L" if t == "sliding_attention" else "G" for t in gemma2_layer_types(info, 4))
     assert got == want
+
+
+def test_without_the_embedding_patch_a_gemma2_repack_keeps_the_embedding_bf16(tmp_path, monkeypatch):
+    """vLLM's Gemma2ForCausalLM builds its embedding unquantized when the patch is off: the repack
+    keeps it as the import's bf16, says why, and is another build than the patched one's."""
+    arch = "gemma2"
+    src = tiny_llama_gguf(tmp_path / f"{arch}.gguf", hidden=HIDDEN, ffn=FFN, types=types(arch), arch=arch,
+                          head_dim=HEAD[arch])
+    on = gguf_repack.wanted("x")
+    monkeypatch.setenv("VLLM_EDGE_PATCH_GEMMA2_EMBEDDING", "0")
+    assert gguf_repack.wanted("x") != on  # the cache key follows the switch
+    imported = import_gguf(src, tmp_path / "bf16", progress=False)
+    rp = repack_gguf(src, tmp_path / "rp", progress=False)
+    report = json.loads((rp / gguf_repack.REPORT_NAME).read_text())
+    assert report["routes"] == {"repack": len(types(arch)) - 1, "bf16": 1}
+    assert torch.equal(load(rp)["model.embed_tokens.weight"], load(imported)["model.embed_tokens.weight"])
+    why = next(t["why"] for t in report["tensors"] if t["name"] == "model.embed_tokens.weight")
+    assert "builds its embedding unquantized (VLLM_EDGE_PATCH_GEMMA2_EMBEDDING=0)" in why, why

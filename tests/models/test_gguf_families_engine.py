@@ -171,6 +171,9 @@ def test_the_repack_runs_cpu_int4(family, run_llm):
     assert report["max_error_over_bound"] <= 1 and report["routes"]["repack"] > 0
     got, methods, _ = _vllm_greedy(run_llm, out, prompts)
     assert "CpuInt4LinearMethod" in methods and "UnquantizedLinearMethod" not in methods
+    # the embedding and the head it ties keep the file's codes too (Gemma 2's through
+    # patches/gemma2_embedding_quant.py)
+    assert "UnquantizedEmbeddingMethod" not in methods, methods
     # Not asserted: with the embedding and the tied head in 4 bits (the default build), greedy
     # tokens leave llama.cpp's early (qwen2 measured [0, 4, 0] of 8). Printed for the record.
     print(f"{arch}: repack routes {report['routes']}, vLLM cpu_int4 vs llama.cpp f32 kept "

@@ -36,11 +36,18 @@ class Family:
     head_key: str | None = "attention.key_length"
     tied_only: bool = False         # llama.cpp reads the embedding as the head; no output.weight
     partial_rope: bool = False      # rope.dimension_count below the head size is mapped, not refused
-    # vLLM's class builds its token embedding with the quantization config (False: always
-    # unquantized, so the repack keeps it bf16, and a tied head with it)
-    quantized_embedding: bool = True
+    # the switch of the patch (patches/) that makes vLLM's class build its token embedding with
+    # the quantization config, which the class does not do by itself; None: it does. With the
+    # switch off the repack keeps the embedding bf16, and a tied head with it
+    embedding_switch: str | None = None
     # tensors the family's files may carry that we refuse, with the reason quoted
     refused: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def quantized_embedding(self) -> bool:
+        """Whether vLLM will build this family's token embedding in a checkpoint's format."""
+        from vllm_edge import envs
+
+        return self.embedding_switch is None or bool(envs.get(self.embedding_switch))
 
     def layer_names(self) -> dict[str, str]:
         return {g: hf for g, (hf, _) in self.layer.items()}
@@ -86,11 +93,12 @@ GEMMA3 = Family("gemma3", "Gemma 3", "Gemma3ForCausalLM", rope_permuted=False, n
 })
 
 # Gemma 2: Gemma 3's block without the q/k norms; the head is always the embedding, which vLLM
-# 0.32's Gemma2Model builds without the quantization config (so it stays bf16). Attention
+# 0.32's Gemma2Model builds without the quantization config unless patched
+# (patches/gemma2_embedding_quant.py). Attention
 # and final logit soft-capping, the sliding window and its local/global alternation and the
 # attention scale are config fields (gguf_import.read_config), not tensors.
 GEMMA2 = Family("gemma2", "Gemma 2", "Gemma2ForCausalLM", rope_permuted=False, norm_plus_one=True,
-                tied_only=True, quantized_embedding=False, layer={g: v for g, v in GEMMA3.layer.items() if g not in _QK_NORM})
+                tied_only=True, embedding_switch="VLLM_EDGE_PATCH_GEMMA2_EMBEDDING", layer={g: v for g, v in GEMMA3.layer.items() if g not in _QK_NORM})
 
 _LONGROPE = ("LongRoPE (rope_factors_long/short, the 128k Phi-3 models) is not mapped yet: "
              "nothing here checks it against llama.cpp; use a file without them (the 4k models)")

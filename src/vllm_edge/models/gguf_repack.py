@@ -43,7 +43,7 @@ from vllm_edge.quant.formats import cpu_int4, cpu_int8
 logger = logging.getLogger("vllm_edge.models")
 
 # Bump when the output changes, so cached repacks are redone.
-CONVERTER_VERSION = "gguf-repack/8"
+CONVERTER_VERSION = "gguf-repack/9"
 KIND = CONVERTER_VERSION.split("/")[0]
 REPORT_NAME = "repack_report.json"
 GROUP = 32
@@ -180,9 +180,13 @@ def repack_gguf(src: str | os.PathLike, out: str | os.PathLike, *, requantize: b
 
 
 def wanted(source_sha256: str, *, requantize: bool = True, keep_embedding: bool = False) -> dict:
-    """The manifest fields a repack of that source with those options carries (the cache key)."""
+    """The manifest fields a repack of that source with those options carries (the cache key).
+    A family whose quantized embedding needs a patch is keyed on its switch too: a build made with
+    it on has a table the unpatched model cannot load, so switching it off makes another build."""
+    switches = {f.arch: f.quantized_embedding() for f in gguf_families.FAMILIES.values() if f.embedding_switch}
     return {"source_sha256": source_sha256, "converter": CONVERTER_VERSION, "scheme": cpu_int4.NAME,
-            "group_size": GROUP, "requantize": requantize, "keep_embedding": keep_embedding}
+            "group_size": GROUP, "requantize": requantize, "keep_embedding": keep_embedding,
+            "embedding_switches": switches}
 
 
 def _read_config(src: Path, info) -> tuple[Any, Any, Any]:
@@ -219,8 +223,9 @@ def _write(src: Path, out: Path, info, want: dict, *, force: bool, progress: boo
     types = {names[g]: t.tensor_type.name for g, t in tensors.items() if len(t.shape) == 2}
     routes = plan_routes(types, requantize=want["requantize"], keep_embedding=want["keep_embedding"],
                          tied=tied, path=str(src),
-                         embedding_why=None if fam.quantized_embedding else
-                         f"vLLM's {fam.hf_class} builds its embedding unquantized")
+                         embedding_why=None if want["embedding_switches"].get(fam.arch, True) else
+                         f"vLLM's {fam.hf_class} builds its embedding unquantized "
+                         f"({fam.embedding_switch}=0)")
     groups = layer_groups(types, routes)
     # llama.cpp permuted the q/k rows of rope-permuted families only
     rows_order = {"self_attn.q_proj": heads, "self_attn.k_proj": kv_heads} if fam.rope_permuted else {}

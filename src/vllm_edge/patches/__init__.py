@@ -32,7 +32,7 @@ logger = logging.getLogger("vllm_edge.patches")
 PATCH_MODULES: tuple[str, ...] = ("aot_cache", "kv_budget", "arena_release", "weight_huge_pages",
                                   "hermes_json_end",
                                   "amx_attention", "greedy_sampler", "slot_mapping_bind",
-                                  "pp_stage_buffer", "wna16_missing_op",
+                                  "pp_stage_buffer", "wna16_missing_op", "gemma2_embedding_quant",
                                   "tokenizer_build_lists", "tokenizer_copies",
                                   "processor_template_probe",
                                   "kernel_rebind_scan")

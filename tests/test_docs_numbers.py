@@ -282,6 +282,10 @@ def test_a_changed_same_file_artifact_changes_the_models_table(tmp_path):
         {"benchmark": "fidelity-reference", "tokenizer_agreement": {"identical": 11, "prompts": 12,
                                                                       "differs_on": ["long-context"]}}))
     assert "| 9/12 | 11/12 | 0.948 / 0.936 |" in guide_tables.render_same_file(tmp_path / "results", doc)
+    # the row names the file the run was given, not the copy of its bytes that built the repack
+    data["reference_model"] = "/models/given-name.Q4_K_M.gguf"
+    art.write_text(json.dumps(data))
+    assert "| `given-name.Q4_K_M.gguf` | Q4_K, Q6_K |" in guide_tables.render_same_file(tmp_path / "results", doc)
 
 
 def test_the_build_of_a_served_weights_directory():

@@ -408,8 +408,12 @@ def render_same_file(results_dir: Path, doc: Path) -> str:
         # each engine against the file's exact weights (a quantized file's run since that row came)
         exact = [(json.loads(f.read_text()).get("teacher_forced") or {}) if f.exists() else {}
                  for f in (path.parent / compare.fidelity_file(a) for a in (compare.EXACT_ARM, compare.EXACT_FILE_ARM))]
+        # the file the run was given: a repack is cached by the file's sha256, so its report names
+        # whichever copy of those bytes built it first
+        given = fid.get("reference_model") or ""
+        name = Path(given).name if given.endswith(".gguf") else (rp.get("source") or run.parent.name)
         rows.append((_host(fid), [
-            f"`{rp.get('source') or run.parent.name}`", ", ".join(rp.get("gguf_types") or []) or "–",
+            f"`{name}`", ", ".join(rp.get("gguf_types") or []) or "–",
             _num(rp.get("runtime_bytes_vs_gguf"), "{:.3f}x"), _num(tf.get("top1_agreement"), "{:.3f}"),
             _num(tf.get("kl_mean"), "{:.4f}"),
             (fid.get("greedy") or {}).get("exact_matches_str", "–"),

@@ -125,6 +125,26 @@ static inline int lowbit_code(const uint8_t* nib, const uint8_t* hib, int64_t k,
 }
 
 #ifdef EDGE_LOWBIT
+/* CASE(MM, PL) for a chunk of mm rows of X (1 to 4) and the weight's planes (0, 1, 2 or 4): the
+   block kernels take both as compile-time constants, so each product dispatches through these */
+#define EDGE_BY_ROWS(CASE, PL)       \
+  switch (mm) {                      \
+    case 1: CASE(1, PL); break;      \
+    case 2: CASE(2, PL); break;      \
+    case 3: CASE(3, PL); break;      \
+    default: CASE(4, PL); break;     \
+  }
+#define EDGE_BY_PLANES_AND_ROWS(CASE) \
+  if (planes == 0) {                  \
+    EDGE_BY_ROWS(CASE, 0)             \
+  } else if (planes == 1) {           \
+    EDGE_BY_ROWS(CASE, 1)             \
+  } else if (planes == 2) {           \
+    EDGE_BY_ROWS(CASE, 2)             \
+  } else {                            \
+    EDGE_BY_ROWS(CASE, 4)             \
+  }
+
 /* sum of kg (a multiple of 16) bf16 values, in fp32 */
 static inline float group_sum(const uint16_t* v, int64_t kg) {
   __m512 a = _mm512_setzero_ps();
@@ -304,13 +324,6 @@ static inline __attribute__((always_inline)) void act8_block_m(
 #define ACT8_CASE(MM, PL) \
   act8_block_m(nib, hib, s, z, r.q + m0 * k, r.d + m0 * groups, r.sq + m0 * groups, r.sx + m0 * groups, \
                y + m0 * n, n, k, kg, b, MM, PL, (int32_t)off, idx_lo, idx_hi)
-#define ACT8_ROWS(PL)            \
-  switch (mm) {                  \
-    case 1: ACT8_CASE(1, PL); break; \
-    case 2: ACT8_CASE(2, PL); break; \
-    case 3: ACT8_CASE(3, PL); break; \
-    default: ACT8_CASE(4, PL); break; \
-  }
 
 /* The product through int8 activations (see the top of this file), for a shape shape_ok took
    (its groups are whole multiples of 16, so of VPDPBUSD's 4 k-steps); 0, or -1 where it cannot
@@ -341,21 +354,12 @@ static int act8_gemv(const uint8_t* nib, const uint8_t* hib, const uint16_t* s, 
     for (int64_t u = lo; u < hi; u++) {
       const int64_t b = u / chunks, m0 = (u % chunks) * LOWBIT_MAX_M;
       const int64_t mm = M - m0 < LOWBIT_MAX_M ? M - m0 : LOWBIT_MAX_M;
-      if (planes == 0) {
-        ACT8_ROWS(0)
-      } else if (planes == 1) {
-        ACT8_ROWS(1)
-      } else if (planes == 2) {
-        ACT8_ROWS(2)
-      } else {
-        ACT8_ROWS(4)
-      }
+      EDGE_BY_PLANES_AND_ROWS(ACT8_CASE)
     }
   }
   free(r.d);
   return 0;
 }
-#undef ACT8_ROWS
 #undef ACT8_CASE
 #endif
 
@@ -406,13 +410,6 @@ static void lowbit_dequant_t_block(const uint8_t* nib, const uint8_t* hib, const
 
 #define LOWBIT_CASE(MM, PL) \
   lowbit_block_m(nib, hib, s, z, base, xm, x16m, sxm, ym, n, k, kg, b, MM, PL, pick0, pick1)
-#define LOWBIT_ROWS(PL)              \
-  switch (mm) {                      \
-    case 1: LOWBIT_CASE(1, PL); break; \
-    case 2: LOWBIT_CASE(2, PL); break; \
-    case 3: LOWBIT_CASE(3, PL); break; \
-    default: LOWBIT_CASE(4, PL); break; \
-  }
 #endif
 
 /* Y (bf16 [M, N], row stride N) = X (bf16 [M, K]) W^T on `threads` OpenMP threads, each
@@ -460,15 +457,7 @@ int edge_lowbit_gemv(const uint8_t* nib, const uint8_t* hib, const uint16_t* s, 
       const float* sxm = sx + m0 * groups;
       uint16_t* ym = y + m0 * n;
       const int64_t mm = M - m0 < LOWBIT_MAX_M ? M - m0 : LOWBIT_MAX_M;
-      if (planes == 0) {
-        LOWBIT_ROWS(0)
-      } else if (planes == 1) {
-        LOWBIT_ROWS(1)
-      } else if (planes == 2) {
-        LOWBIT_ROWS(2)
-      } else {
-        LOWBIT_ROWS(4)
-      }
+      EDGE_BY_PLANES_AND_ROWS(LOWBIT_CASE)
     }
   }
   free(sx);
